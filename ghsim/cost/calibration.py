@@ -1,0 +1,175 @@
+"""Calibration: measured efficiencies, read from a microbenchmark file.
+
+A calibration file is the JSON that validation/harness/microbench.py writes on
+a real GPU (format in docs/formats.md), copied to hardware_profiles/calibration/
+by `ghsim calibrate`, which also names the profile of the GPU it was measured on
+("reference_profile"). Every rate here is turned into an efficiency relative to
+that reference GPU's datasheet peak, so the same curves can price a part of the
+same die with other peaks (an H100 measurement priced at GH200's clocks and HBM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ghsim.cost.flops import attention_bwd_flops, attention_fwd_flops
+from ghsim.errors import GhsimError
+from ghsim.tomlio import read_json, repo_root
+
+if TYPE_CHECKING:
+    from ghsim.hardware import Hardware
+
+CALIBRATION_DIR = repo_root() / "hardware_profiles" / "calibration"
+
+
+@dataclass(frozen=True)
+class PointTable:
+    """Measured efficiencies at points in a log-feature space, queried by inverse distance."""
+
+    features: np.ndarray  # (n, d)
+    values: np.ndarray  # (n,)
+
+    def query(self, x: tuple[float, ...], neighbours: int = 4) -> float:
+        d2 = ((self.features - np.asarray(x)) ** 2).sum(axis=1)
+        k = min(neighbours, len(d2))
+        idx = np.argpartition(d2, k - 1)[:k]
+        near = d2[idx]
+        if near.min() < 1e-12:
+            return float(self.values[idx[near.argmin()]])
+        w = 1.0 / near
+        return float((w * self.values[idx]).sum() / w.sum())
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """time = fixed_s + amount / rate, fitted by least squares to measured (amount, time)."""
+
+    fixed_s: float
+    rate: float  # amount per second
+
+    def time(self, amount: float) -> float:
+        return self.fixed_s + amount / self.rate
+
+
+def fit_linear(amounts: list[float], times: list[float], where: str) -> LinearFit:
+    a = np.asarray(amounts, dtype=float)
+    t = np.asarray(times, dtype=float)
+    if len(a) == 0:
+        raise GhsimError(f"{where}: no measurements to fit")
+    if len(a) == 1 or np.ptp(a) == 0:
+        return LinearFit(0.0, float(a.mean() / t.mean()))
+    slope, intercept = np.polyfit(a, t, 1)
+    if slope <= 0:
+        return LinearFit(0.0, float(a.max() / t[a.argmax()]))
+    return LinearFit(max(float(intercept), 0.0), float(1.0 / slope))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    name: str
+    reference_profile: str  # the profile of the GPU it was measured on
+    gpu: str
+    ref_peak_flops: dict[str, float]  # that GPU's datasheet peaks, FLOP/s by dtype
+    ref_hbm_Bps: float  # that GPU's datasheet HBM bandwidth
+    gemm: dict[str, PointTable]  # dtype -> efficiency vs (log2 m, log2 n, log2 k)
+    attention_fwd: PointTable  # efficiency vs (log2 seq, log2 batch*heads, head_dim/64)
+    attention_bwd: PointTable
+    membound: dict[str, LinearFit]  # op -> fixed time and achieved bytes/s on the reference
+    hbm_copy_Bps: float  # best measured device copy (read + write) on the reference
+    optimizer_gpu: dict[str, LinearFit]  # impl -> params/s on the reference
+    optimizer_cpu_params_per_s: float  # measured on the reference host (its cores)
+    optimizer_cpu_threads: int
+    eager_op_s: float  # host time per eager PyTorch op
+    cuda_graph_kernel_s: float
+    min_kernel_s: float  # shortest kernel (fixed time of a device copy)
+    source: str
+
+
+def _gemm_tables(rows: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, PointTable]:
+    by_dtype: dict[str, list[tuple[tuple[float, float, float], float]]] = {}
+    for r in rows:
+        dt = r["dtype"]
+        eff = r["tflops"] * 1e12 / peaks[dt]
+        feat = (np.log2(r["m"]), np.log2(r["n"]), np.log2(r["k"]))
+        by_dtype.setdefault(dt, []).append((feat, min(eff, 1.0)))
+    return {
+        dt: PointTable(np.array([f for f, _ in pts]), np.array([e for _, e in pts]))
+        for dt, pts in by_dtype.items()
+    }
+
+
+def _attention_table(rows: list[dict[str, Any]], peak_bf16: float, which: str) -> PointTable:
+    """Efficiency from measured times, with ghsim's own FLOP convention (cost/flops.py)."""
+    flops_of = attention_fwd_flops if which == "fwd" else attention_bwd_flops
+    feats, effs = [], []
+    for r in rows:
+        t = r.get(f"{which}_time_s")
+        if not t:
+            continue
+        flops = flops_of(r["batch"], r["heads"], r["seq"], r["head_dim"], bool(r.get("causal", True)))
+        feats.append((np.log2(r["seq"]), np.log2(r["batch"] * r["heads"]), r["head_dim"] / 64))
+        effs.append(min(flops / t / peak_bf16, 1.0))
+    if not feats:
+        raise GhsimError(f"calibration has no attention {which} measurements")
+    return PointTable(np.array(feats), np.array(effs))
+
+
+def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) -> Calibration:
+    """Build a Calibration measured on the GPU that profile `reference` describes."""
+    peaks = reference.peak_flops
+    try:
+        meta = d["meta"]
+        membound_rows: dict[str, tuple[list[float], list[float]]] = {}
+        for r in d["memory_bound"]:
+            a, t = membound_rows.setdefault(r["op"], ([], []))
+            a.append(r["bytes_moved"])
+            t.append(r["time_s"])
+        membound = {op: fit_linear(a, t, f"{where} memory_bound/{op}") for op, (a, t) in membound_rows.items()}
+        copies = [r for r in d["memory_bound"] if r["op"] == "copy"]
+        opt_rows: dict[str, tuple[list[float], list[float]]] = {}
+        for r in d["optimizer_gpu"]:
+            a, t = opt_rows.setdefault(r["impl"], ([], []))
+            a.append(r["n_params"])
+            t.append(r["time_s"])
+        cpu_rows = d.get("optimizer_cpu", [])
+        best_cpu = max(cpu_rows, key=lambda r: r["params_per_s"]) if cpu_rows else None
+        launch = d["launch"]
+        return Calibration(
+            name=Path(where).stem,
+            reference_profile=str(meta.get("reference_profile", "")),
+            gpu=str(meta.get("gpu", "")),
+            ref_peak_flops=dict(peaks),
+            ref_hbm_Bps=reference.hbm.bandwidth,
+            gemm=_gemm_tables(d["gemm"], peaks),
+            attention_fwd=_attention_table(d["attention"], peaks["bf16"], "fwd"),
+            attention_bwd=_attention_table(d["attention"], peaks["bf16"], "bwd"),
+            membound=membound,
+            hbm_copy_Bps=max(r["gbps"] for r in copies) * 1e9,
+            optimizer_gpu={k: fit_linear(a, t, f"{where} optimizer_gpu/{k}") for k, (a, t) in opt_rows.items()},
+            optimizer_cpu_params_per_s=best_cpu["params_per_s"] if best_cpu else 0.0,
+            optimizer_cpu_threads=int(best_cpu["threads"]) if best_cpu else 0,
+            eager_op_s=float(launch["eager_small_op_us"]) * 1e-6,
+            cuda_graph_kernel_s=float(launch["cuda_graph_kernel_us"]) * 1e-6,
+            min_kernel_s=membound["copy"].fixed_s if "copy" in membound else 0.0,
+            source=where,
+        )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise GhsimError(f"{where}: malformed calibration ({type(e).__name__}: {e})") from None
+
+
+@lru_cache(maxsize=16)
+def load_calibration(name: str) -> Calibration:
+    """The calibration `name` (hardware_profiles/calibration/NAME.json), priced on its reference GPU."""
+    from ghsim.hardware import load_hardware  # the reference profile supplies the peaks
+
+    path = CALIBRATION_DIR / f"{name}.json"
+    d = read_json(path)
+    ref = d.get("meta", {}).get("reference_profile")
+    if not ref:
+        raise GhsimError(f"{path}: meta.reference_profile is missing (run `ghsim calibrate`)")
+    return calibration_from_dict(d, load_hardware(ref), str(path))

@@ -1,0 +1,16 @@
+"""FLOP counts shared by the graph builders and the calibration (one convention for both)."""
+
+
+def gemm_flops(m: int, n: int, k: int) -> float:
+    return 2.0 * m * n * k
+
+
+def attention_fwd_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True) -> float:
+    """QK^T and PV: 2 matmuls of 2*s*s*d each per head; causal masking halves the work."""
+    full = 4.0 * batch * heads * seq * seq * head_dim
+    return full / 2 if causal else full
+
+
+def attention_bwd_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True) -> float:
+    """Flash-attention backward: 5 matmuls (recomputed QK^T, dV, dP, dQ, dK) vs the forward's 2."""
+    return 2.5 * attention_fwd_flops(batch, heads, seq, head_dim, causal)

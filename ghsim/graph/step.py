@@ -1,0 +1,233 @@
+"""The op graph of a whole training step on one GPU: embedding, layers, loss, optimizer.
+
+Layers are identical, so one layer's forward and backward are built once as
+templates and replicated; that is what makes an 80-layer model cheap to build.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from ghsim.graph import ops as K
+from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.transformer import RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS, LayerBuilder, Tensors
+from ghsim.model import ModelSpec
+from ghsim.plan import Plan, Precision, Recompute
+
+# torch.optim.AdamW(foreach=True) runs about a dozen _foreach_ kernels, each over
+# chunks of ~100 tensors (torch/optim/adamw.py, multi_tensor_apply); fused runs one.
+FOREACH_ADAMW_KERNELS = 12
+TENSORS_PER_MULTI_TENSOR_LAUNCH = 100
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: float
+    trainable: float
+    n_tensors: int  # trainable tensors (optimizer launches, per-tensor copies)
+
+
+def param_counts(model: ModelSpec, plan: Plan) -> ParamCounts:
+    if plan.lora_rank:
+        m, r = model, plan.lora_rank
+        h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+        f = m.intermediate_size if m.moe is None else m.moe.expert_intermediate_size
+        per_layer = r * ((h + q) + 2 * (h + kv) + (q + h)) + r * m.mlp_matrices * (h + f)
+        return ParamCounts(model.total_params, m.num_layers * per_layer, m.num_layers * 2 * (4 + m.mlp_matrices))
+    per_layer_tensors = 4 + model.mlp_matrices + 2
+    return ParamCounts(model.total_params, model.total_params, model.num_layers * per_layer_tensors + 3)
+
+
+def _layer_templates(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op], list[Op], float]:
+    """Forward ops, backward ops (including any recompute) and the saved bytes of one layer.
+
+    Returns (forward, backward, weight copies held until the forward ends, saved bytes).
+    """
+    full = plan.recompute == Recompute.FULL
+    b = LayerBuilder(model, plan)
+    x_bytes = b.T * model.hidden_size * b.dt.residual
+    b.t.live["x"] = x_bytes
+    kept = b.forward(save=not full)
+    fwd = b.ops
+    weight_cache = [n for n in b.t.live if n.endswith(".w16")] if full else []
+    cache_bytes = sum(b.t.live[n] for n in weight_cache)
+    for n in weight_cache:  # autocast's cache frees them when the forward ends (see build_step)
+        del b.t.live[n]
+    saved = sum(v for k, v in b.t.live.items() if k not in ("x", "x_next"))
+    del b.t.live["x_next"]  # from here on, it is the next layer's "x"
+    b.ops = []
+    if full:  # the checkpointed forward runs again, keeping what backward needs
+        kept = b.forward(save=True, phase="recompute")
+        b.t.free(b.ops[-1], ["x_next"])
+    b.t.live["g"] = x_bytes if not b.dt.autocast_casts else b.T * model.hidden_size * 4
+    b.backward(kept)
+    return fwd, b.ops, cache_bytes, saved
+
+
+def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
+    """Final norm, LM head and cross-entropy over fp32 logits: forward and backward."""
+    b = LayerBuilder(model, plan)
+    T, h, V = b.T, model.hidden_size, model.vocab_size
+    dt = b.dt
+    rs, act = dt.residual, dt.act
+    b.t.live["x"] = T * h * rs
+    b.mem("final_norm", "rmsnorm_fwd", T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+          creates={"fn.normed": T * h * 4, "fn.rstd": T * 4, "fn.out": T * h * rs}, transient=T * h * 4)
+    cast_in = dt.autocast_casts
+    if cast_in:
+        b.mem("lm_head.cast_in", "cast_fp32_to_bf16", T * h * 6, 1, "elementwise", creates={"fn.x16": T * h * 2},
+              frees=["fn.out"])
+    if dt.autocast_casts and not plan.lora_rank:
+        b.mem("lm_head.cast_w", "cast_fp32_to_bf16", V * h * 6, 1, "elementwise", creates={"lm.w16": V * h * 2})
+    gemm_dt = "bf16" if dt.gemm == "fp8" else dt.gemm  # the LM head stays in bf16 under fp8
+    b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
+    if act != 4:
+        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+              creates={"logits32": T * V * 4}, frees=["logits"])
+        logits = "logits32"
+    else:
+        logits = "logits"
+    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 8, 4, "norm_reduction", creates={"lsm": T * V * 4},
+          frees=[logits])
+    fwd = b.ops
+    b.ops = []
+    b.phase = "bwd"
+    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 12, 4, "norm_reduction",
+          creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
+    if act != 4:
+        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+              creates={"g_logits": T * V * act}, frees=["g_logits32"])
+        g_logits = "g_logits"
+    else:
+        g_logits = "g_logits32"
+    b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
+    if plan.lora_rank:
+        b.t.free(b.ops[-1], [g_logits])
+    elif dt.autocast_casts:
+        b.gemm("lm_head.wgrad", V, h, T, gemm_dt, transient=V * h * 2)
+        b.mem("lm_head.wgrad_cast", "cast_fp32_to_bf16", V * h * 6, 1, "elementwise", creates={"grad.lm": V * h * 4},
+              frees=[g_logits, "lm.w16"])
+    else:
+        b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=[g_logits])
+    g_bytes = T * h * (4 if dt.autocast_casts else rs)
+    if cast_in:
+        b.mem("lm_head.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, "elementwise", creates={"g_fn32": T * h * 4},
+              frees=["g_fn", "fn.x16"])
+        g_fn = "g_fn32"
+    else:
+        g_fn = "g_fn"
+    saved = [n for n in ("fn.normed", "fn.rstd", "fn.out", "x") if n in b.t.live]
+    b.mem("final_norm.bwd", "rmsnorm_bwd", T * h * 16, RMSNORM_BWD_KERNELS, "norm_reduction",
+          creates={"g": g_bytes}, frees=[g_fn] + saved, transient=T * h * 4)
+    return fwd, b.ops
+
+
+def _embedding_fwd(model: ModelSpec, plan: Plan) -> Op:
+    T, h, rs = plan.micro_batch * plan.seq, model.hidden_size, LayerBuilder(model, plan).dt.residual
+    op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
+            bytes=2 * T * h * rs, kernels=1, phase="fwd")
+    return op.change_hbm("activations", T * h * rs)
+
+
+def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
+    """Dense embedding backward: zero a vocab x hidden fp32 gradient and scatter-add into it."""
+    T, h, V = plan.micro_batch * plan.seq, model.hidden_size, model.vocab_size
+    g = T * h * (4 if LayerBuilder(model, plan).dt.autocast_casts else LayerBuilder(model, plan).dt.residual)
+    if plan.lora_rank:  # frozen embedding: the gradient just dies
+        op = Op(name="embedding.grad_free", category="other", kind=K.MEMBOUND, resource="gpu", variant="copy",
+                kernels=0, phase="bwd")
+        return [op.change_hbm("activation_grads", -g)]
+    op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
+            bytes=V * h * 4 + 2 * g, kernels=4, phase="bwd")
+    return [op.change_hbm("grads", V * h * 4).change_hbm("activation_grads", -g)]
+
+
+def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op]:
+    launches = math.ceil(counts.n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH)
+    P = counts.trainable
+    if "optimizer" in plan.offload:
+        # ZeRO-Offload-like, as validation/harness/train_step.py does it: every grad
+        # copied to pinned host memory, the CPU steps, the params come back; no overlap.
+        return [
+            Op(name="grads.d2h", category=K.COPY, kind=K.D2H, resource="gpu", bytes=P * 4, phase="opt"),
+            Op(name="cpu_adamw", category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=P, deps=(0,),
+               host_waits=True, phase="opt"),
+            Op(name="params.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=P * 4, deps=(1,),
+               host_waits=True, phase="opt"),
+        ]
+    foreach = plan.optimizer_impl == "foreach"
+    return [Op(name=f"adamw.{plan.optimizer_impl}", category="optimizer", kind=K.OPT_GPU, resource="gpu",
+               params=P, variant=plan.optimizer_impl,
+               kernels=(FOREACH_ADAMW_KERNELS if foreach else 1) * launches,
+               # _foreach_sqrt(exp_avg_sq) materialises a full fp32 copy of the second moments
+               hbm_transient=P * 4 if foreach else 0.0, phase="opt", mem_tag="optimizer_temp")]
+
+
+def _offload_activations(fwd: list[Op], bwd: list[Op], saved: float) -> tuple[list[Op], list[Op]]:
+    """torch.autograd.graph.save_on_cpu(pin_memory=True): saved tensors go to pinned host
+    memory as they are saved and come back before the layer's backward, on the compute stream."""
+    d2h = Op(name="activations.d2h", category=K.COPY, kind=K.D2H, resource="gpu", bytes=saved, kernels=0,
+             phase="fwd", host_alloc=saved, mem_tag="offloaded_activations").change_hbm("activations", -saved)
+    h2d = Op(name="activations.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=saved, kernels=0,
+             phase="bwd", host_free=saved, mem_tag="offloaded_activations").change_hbm("activations", saved)
+    return fwd + [d2h], [h2d] + bwd
+
+
+def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> OpGraph:
+    """All ops of one optimizer step (every micro-batch of gradient accumulation) on one GPU.
+
+    `price` gives an op's duration; it is called once per template op, not per
+    replicated layer.
+    """
+    fwd, bwd, cache_bytes, saved = _layer_templates(model, plan)
+    if "activations" in plan.offload and plan.recompute != Recompute.FULL:
+        fwd, bwd = _offload_activations(fwd, bwd, saved)
+    loss_fwd, loss_bwd = _loss_ops(model, plan)
+    emb_fwd, emb_bwd = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
+    optimizer = _optimizer_ops(model, plan, param_counts(model, plan))
+    for template in (fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd, optimizer):
+        for op in template:
+            op.duration = price(op)
+    graph = OpGraph()
+    L = model.num_layers
+    for mb in range(plan.grad_accum):
+        graph.extend(emb_fwd, microbatch=mb)
+        for layer in range(L):
+            graph.extend(fwd, layer=layer, microbatch=mb)
+        graph.extend(loss_fwd, microbatch=mb)
+        if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
+            graph.ops[-1].change_hbm("weight_copies", -cache_bytes * L)
+        graph.extend(loss_bwd, microbatch=mb)
+        for layer in reversed(range(L)):
+            graph.extend(bwd, layer=layer, microbatch=mb)
+        graph.extend(emb_bwd, microbatch=mb)
+        if mb > 0:
+            _accumulate_instead_of_allocating(graph, mb)
+    graph.extend(optimizer)
+    return graph
+
+
+def _accumulate_instead_of_allocating(graph: OpGraph, mb: int) -> None:
+    """Later micro-batches add into the existing .grad: no new gradient memory."""
+    for op in graph.ops:
+        grads = (op.hbm_by_tag or {}).get("grads", 0.0)
+        if op.microbatch == mb and grads > 0:
+            op.change_hbm("grads", -grads)
+
+
+def static_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
+    """HBM held for the whole step before any op runs: parameters and optimizer states."""
+    counts = param_counts(model, plan)
+    dt = LayerBuilder(model, plan).dt
+    out: dict[str, float] = {}
+    if plan.lora_rank:
+        out["params"] = (counts.total) * dt.param + counts.trainable * 4
+    else:
+        out["params"] = counts.total * dt.param
+    if "optimizer" not in plan.offload:
+        out["optimizer_states"] = counts.trainable * 8  # AdamW exp_avg and exp_avg_sq in fp32
+    if plan.precision == Precision.FP8:
+        out["fp8_scales"] = 0.0
+    return out

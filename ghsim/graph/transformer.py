@@ -1,0 +1,380 @@
+"""The op graph of one training step of a decoder-only transformer on one GPU.
+
+It follows what eager PyTorch really runs, kernel group by kernel group, for a
+Hugging Face style Llama layer (validation/harness/model.py is the reference):
+RMSNorm as its eager composite in fp32, q/k/v/o and gate/up/down projections,
+eager rotary embedding, flash attention, SwiGLU, fp32 residual stream, and the
+loss over the vocabulary on fp32 logits.
+
+Precision semantics (DESIGN.md, modeling notes):
+- torch-amp (fp32 parameters, autocast): every projection casts its fp32 input
+  to bf16 (one cast per projection, each copy saved for backward) and its fp32
+  weight to bf16 (cached per forward, held until the layer's backward); each
+  weight gradient arrives in bf16 and is cast to fp32.
+- fsdp-mixed / deepspeed (bf16 working weights): no per-op casts; the
+  residual stream is bf16.
+- fp32 / tf32: no casts, everything fp32.
+- fp8: the seven projections quantise activation and weight per tensor in
+  every forward and the output gradient in backward (dynamic scaling), and
+  run the GEMMs at the fp8 rate.
+
+Each op records the bytes it allocates, frees and holds transiently, in issue
+order, so the memory model can replay the allocator's view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ghsim.cost.flops import attention_bwd_flops, attention_fwd_flops
+from ghsim.graph import ops as K
+from ghsim.graph.ops import Op
+from ghsim.model import ModelSpec
+from ghsim.plan import Framework, Plan, Precision, Recompute
+
+# Kernels per eager composite, counted from the PyTorch ops they run
+# (validation/harness/model.py): they set the host's launch cost.
+RMSNORM_FWD_KERNELS = 6  # pow, mean, add eps, rsqrt, mul, mul weight
+RMSNORM_BWD_KERNELS = 10  # mul/sum for the weight, rsqrt/mean/pow backward, accumulation
+ROPE_FWD_KERNELS = 5  # per tensor: mul cos, neg, cat, mul sin, add
+ROPE_BWD_KERNELS = 5
+SWIGLU_FWD_KERNELS = 2  # silu, mul
+SWIGLU_BWD_KERNELS = 3  # two muls, silu backward
+FP8_QUANT_KERNELS = 6  # abs, amax, reciprocal scale, mul, clamp, cast
+FP8_QUANT_PASSES = 4  # reads of the source tensor (abs, amax, mul, clamp)
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Byte widths and GEMM dtype a plan implies."""
+
+    gemm: str  # dtype the projections' GEMMs run in (cost model key)
+    act: int  # bytes per element of activations feeding GEMMs
+    residual: int  # bytes per element of the residual stream (and norm math input)
+    param: int  # bytes per stored parameter
+    grad: int  # bytes per stored gradient
+    autocast_casts: bool  # per-op input and weight casts (torch-amp with fp32 params)
+
+    @staticmethod
+    def of(plan: Plan) -> "Dtypes":
+        p = plan.precision
+        if p in (Precision.FP32, Precision.TF32):
+            return Dtypes(p.value, 4, 4, 4, 4, False)
+        half = "fp16" if p == Precision.FP16 else "bf16"
+        gemm = "fp8" if p == Precision.FP8 else half
+        if plan.lora_rank:  # frozen base stored in half precision; adapters fp32
+            return Dtypes(gemm, 2, 2, 2, 4, False)
+        if plan.framework == Framework.TORCH_AMP:
+            return Dtypes(gemm, 2, 4, 4, 4, True)
+        return Dtypes(gemm, 2, 2, 2, 2, False)
+
+
+def memory_tag(tensor: str) -> str:
+    """The memory-breakdown category of a builder tensor, from its name."""
+    if tensor.startswith("grad."):
+        return "grads"
+    if tensor.endswith(".w16"):
+        return "weight_copies"
+    if tensor.startswith(("logits", "lsm", "g_logits")):
+        return "logits"
+    if tensor.startswith("g"):
+        return "activation_grads"
+    return "activations"
+
+
+class Tensors:
+    """Named live tensors of one builder, so each op states what it creates and frees.
+
+    Turning names into byte counts here (rather than hand-summing bytes per op)
+    keeps the memory replay honest: freeing a tensor that was never created, or
+    twice, is a bug in the builder and raises at once.
+    """
+
+    def __init__(self) -> None:
+        self.live: dict[str, float] = {}
+
+    def create(self, op: Op, sizes: dict[str, float]) -> None:
+        for name, nbytes in sizes.items():
+            if name in self.live:
+                raise ValueError(f"tensor {name} created twice")
+            self.live[name] = nbytes
+            op.change_hbm(memory_tag(name), nbytes)
+
+    def free(self, op: Op, names: list[str]) -> None:
+        for name in names:
+            if name not in self.live:
+                raise ValueError(f"tensor {name} freed but not live")
+            op.change_hbm(memory_tag(name), -self.live.pop(name))
+
+
+@dataclass(frozen=True)
+class Projection:
+    name: str
+    n_out: int
+    n_in: int
+    experts: int = 1  # MoE: expert weights this projection holds (tokens go to top-k of them)
+
+
+class LayerBuilder:
+    """Op lists of one decoder layer for one micro-batch: forward, and backward.
+
+    Tensor names are local to the layer; "x" is the layer's input (made by the
+    layer before, kept for this layer's backward), "x_next" its output.
+    """
+
+    def __init__(self, model: ModelSpec, plan: Plan):
+        self.m = model
+        self.plan = plan
+        self.T = plan.micro_batch * plan.seq
+        self.dt = Dtypes.of(plan)
+        h, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
+        self.attn_in = [Projection("q_proj", q, h), Projection("k_proj", kv, h), Projection("v_proj", kv, h)]
+        self.o_proj = Projection("o_proj", h, q)
+        if model.moe is None:
+            self.mlp_in = [Projection("gate_proj", f, h), Projection("up_proj", f, h)]
+            self.down = Projection("down_proj", h, f)
+            self.mlp_tokens = self.T
+        else:
+            fe, ne = model.moe.expert_intermediate_size, model.moe.num_experts
+            self.mlp_in = [Projection("expert_gate", fe, h, ne), Projection("expert_up", fe, h, ne)]
+            self.down = Projection("expert_down", h, fe, ne)
+            self.mlp_tokens = self.T * model.moe.experts_per_token
+        if model.mlp == "gelu":
+            self.mlp_in = self.mlp_in[:1]
+        self.t = Tensors()
+        self.ops: list[Op] = []
+        self.phase = "fwd"
+        self.save = True
+
+    # --- op constructors --------------------------------------------------------------
+    def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float) -> Op:
+        self.t.create(op, creates or {})
+        self.t.free(op, frees or [])
+        op.hbm_transient = transient
+        op.phase = self.phase
+        self.ops.append(op)
+        return op
+
+    def mem(self, name: str, variant: str, nbytes: float, kernels: int, category: str,
+            creates=None, frees=None, transient: float = 0.0) -> Op:
+        op = Op(name=name, category=category, kind=K.MEMBOUND, resource="gpu", bytes=nbytes,
+                variant=variant, kernels=kernels)
+        return self._emit(op, creates, frees, transient)
+
+    def gemm(self, name: str, m: int, n: int, k: int, dtype: str, creates=None, frees=None,
+             transient: float = 0.0) -> Op:
+        op = Op(name=name, category="gemm", kind=K.GEMM, resource="gpu", shape=(int(m), int(n), int(k)),
+                flops=2.0 * m * n * k, dtype=dtype)
+        return self._emit(op, creates, frees, transient)
+
+    def release(self, names: list[str]) -> None:
+        """Tensors whose last forward use has passed: kept if saved for backward, else freed."""
+        if self.save or not names:
+            return
+        self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
+
+    # --- projections -----------------------------------------------------------------
+    def _proj_tokens(self, p: Projection) -> int:
+        return self.mlp_tokens if p.experts > 1 else self.T
+
+    def projection_fwd(self, p: Projection, inp: str, inp_bytes_per_el: int, out: str) -> list[str]:
+        """Forward of one projection; returns the names it keeps for its backward."""
+        dt, T = self.dt, self._proj_tokens(p)
+        lora = self.plan.lora_rank
+        keep: list[str] = []
+        out_bytes = T * p.n_out * dt.act
+        if self.plan.precision == Precision.FP8:
+            for what, numel, src in (("x", T * p.n_in, inp_bytes_per_el), ("w", p.n_in * p.n_out, dt.param)):
+                self.mem(f"{p.name}.fp8_quant_{what}", "copy", numel * (src * FP8_QUANT_PASSES + 1),
+                         FP8_QUANT_KERNELS, "elementwise", creates={f"{p.name}.{what}8": numel}, transient=numel * src)
+                keep.append(f"{p.name}.{what}8")
+            self.gemm(p.name, T, p.n_out, p.n_in, "fp8", creates={out: out_bytes})
+            return keep
+        if dt.autocast_casts and inp_bytes_per_el == 4:
+            # autocast casts the fp32 input once per projection; each copy is saved
+            self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, "elementwise",
+                     creates={f"{p.name}.x16": T * p.n_in * 2})
+            keep.append(f"{p.name}.x16")
+        else:
+            keep.append(inp)
+        if dt.autocast_casts and not lora:
+            w = p.n_in * p.n_out * p.experts
+            self.mem(f"{p.name}.cast_w", "cast_fp32_to_bf16", w * 6, 1, "elementwise",
+                     creates={f"{p.name}.w16": w * 2})
+            keep.append(f"{p.name}.w16")
+        self.gemm(p.name, T, p.n_out, p.n_in, dt.gemm, creates={out: out_bytes})
+        if lora:
+            self.gemm(f"{p.name}.lora_a", T, lora, p.n_in, dt.gemm, creates={f"{p.name}.xa": T * lora * dt.act})
+            self.gemm(f"{p.name}.lora_b", T, p.n_out, lora, dt.gemm, transient=out_bytes)
+            # scale-and-add, plus autocast's casts of the two fp32 adapters
+            self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, "elementwise", transient=out_bytes)
+            keep.append(f"{p.name}.xa")
+        return [k for k in keep if k != inp]
+
+    def projection_bwd(self, p: Projection, grad_out: str, grad_in: str, kept: list[str]) -> None:
+        """dgrad into `grad_in`, weight (or adapter) gradients, then frees what the forward kept."""
+        dt, T = self.dt, self._proj_tokens(p)
+        lora = self.plan.lora_rank
+        gin = T * p.n_in * dt.act
+        if self.plan.precision == Precision.FP8:
+            g = T * p.n_out
+            self.mem(f"{p.name}.fp8_quant_grad", "copy", g * (dt.act * FP8_QUANT_PASSES + 1), FP8_QUANT_KERNELS,
+                     "elementwise", transient=g * (dt.act + 1))
+            # transposed copies of the saved fp8 operands, for cuBLAS layouts
+            moved = p.n_in * p.n_out + T * p.n_in + g
+            self.mem(f"{p.name}.fp8_transpose", "copy", 2 * moved, 3, "elementwise", transient=moved)
+        self.gemm(f"{p.name}.dgrad", T, p.n_in, p.n_out, dt.gemm, creates={grad_in: gin})
+        if lora:
+            self.gemm(f"{p.name}.lora_b.wgrad", p.n_out, lora, T, dt.gemm)
+            self.gemm(f"{p.name}.lora_b.dgrad", T, lora, p.n_out, dt.gemm, transient=T * lora * dt.act)
+            self.gemm(f"{p.name}.lora_a.wgrad", lora, p.n_in, T, dt.gemm)
+            self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, dt.gemm, transient=gin)
+            self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, "elementwise")
+            adapter = lora * (p.n_in + p.n_out)
+            self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, "elementwise",
+                     creates={f"grad.{p.name}": adapter * 4})
+        else:
+            w = p.n_in * p.n_out * p.experts
+            if self.plan.precision == Precision.FP8:  # fp8 wgrad writes the fp32 gradient directly
+                self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, "fp8", creates={f"grad.{p.name}": w * 4})
+            elif dt.autocast_casts:
+                # the bf16 weight gradient flows back through the weight cast: fp32 .grad
+                self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, transient=w * 2)
+                self.mem(f"{p.name}.wgrad_cast", "cast_fp32_to_bf16", w * 6, 1, "elementwise",
+                         creates={f"grad.{p.name}": w * 4})
+            else:
+                self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, creates={f"grad.{p.name}": w * dt.grad})
+        self.t.free(self.ops[-1], kept + [grad_out])
+
+    # --- one layer -------------------------------------------------------------------
+    def forward(self, save: bool, phase: str = "fwd") -> dict[str, list[str]]:
+        """Emit one layer's forward. With save False (a checkpointed forward) only x_next stays."""
+        self.save, self.phase = save, phase
+        m, dt, T, b, seq = self.m, self.dt, self.T, self.plan.micro_batch, self.plan.seq
+        h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+        rs, act = dt.residual, dt.act
+        kept: dict[str, list[str]] = {}
+
+        # input RMSNorm (fp32 math): keeps rstd and the normalised tensor (and x, the input)
+        self.mem("input_norm", "rmsnorm_fwd", T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+                 creates={"n1.normed": T * h * 4, "n1.rstd": T * 4, "n1.out": T * h * rs}, transient=T * h * 4)
+        for p, out in zip(self.attn_in, ("q", "k", "v")):
+            kept[p.name] = self.projection_fwd(p, "n1.out", rs, out)
+        self.release(["n1.normed", "n1.rstd"])
+        if dt.autocast_casts or self.plan.precision == Precision.FP8:
+            self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept
+        else:
+            self.release(["n1.out"])
+        # rotary: rotated copies replace q and k
+        self.mem("rope", "rope", 2 * T * (q + kv) * act, 2 * ROPE_FWD_KERNELS + 2, "elementwise",
+                 creates={"q_rot": T * q * act, "k_rot": T * kv * act}, frees=["q", "k"], transient=T * (q + kv) * act)
+        # flash attention keeps q, k, v, its output and the log-sum-exp
+        lse = b * m.num_attention_heads * seq * 4
+        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        selective = self.plan.recompute == Recompute.SELECTIVE
+        attn = Op(name="flash_attn", category="attention", kind=K.ATTN_FWD, resource="gpu",
+                  flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+        self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
+        kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
+        self.release(["q_rot", "k_rot", "v", "o"] + ([] if selective else ["lse"]))
+        self.mem("attn_residual", "add", T * h * (2 * rs + act), 1, "elementwise",
+                 creates={"h1": T * h * rs}, frees=["attn_out"])
+        # post-attention RMSNorm and the MLP
+        self.mem("post_attn_norm", "rmsnorm_fwd", T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+                 creates={"n2.normed": T * h * 4, "n2.rstd": T * 4, "n2.out": T * h * rs}, transient=T * h * 4)
+        if m.moe is not None:
+            self.gemm("router", T, m.moe.num_experts, h, dt.gemm)
+            self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, "other",
+                     transient=self.mlp_tokens * h * act)
+        mlp_outs = ("gate", "up")[: len(self.mlp_in)]
+        for p, out in zip(self.mlp_in, mlp_outs):
+            kept[p.name] = self.projection_fwd(p, "n2.out", rs, out)
+        self.release(["n2.normed", "n2.rstd", "h1"])
+        if dt.autocast_casts or self.plan.precision == Precision.FP8:
+            self.t.free(self.ops[-1], ["n2.out"])
+        else:
+            self.release(["n2.out"])
+        ff = self.mlp_tokens * self.mlp_in[0].n_out * act
+        self.mem("swiglu" if len(self.mlp_in) == 2 else "gelu", "silu_mul", ff * (len(self.mlp_in) + 2),
+                 SWIGLU_FWD_KERNELS, "elementwise", creates={"act": ff, "prod": ff})
+        kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
+        self.release(list(mlp_outs) + ["act", "prod"])
+        if m.moe is not None:
+            self.mem("moe_combine", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
+        self.mem("mlp_residual", "add", T * h * (2 * rs + act), 1, "elementwise",
+                 creates={"x_next": T * h * rs}, frees=["mlp_out"])
+        if not save:
+            for names in kept.values():
+                self.t.free(self.ops[-1], [n for n in names if n in self.t.live and not n.endswith(".w16")])
+            # autocast's weight cache holds the bf16 copies until the forward ends
+        return kept
+
+    def backward(self, kept: dict[str, list[str]], phase: str = "bwd") -> None:
+        """Emit one layer's backward; "g" (the residual-stream gradient) is live before and after."""
+        self.phase = phase
+        m, dt, T, b, seq = self.m, self.dt, self.T, self.plan.micro_batch, self.plan.seq
+        h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+        act = dt.act
+        g = 4 if dt.autocast_casts else dt.residual  # bytes of the residual-stream gradient
+        grad_cast = dt.autocast_casts
+        # MLP branch
+        self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", T * h * (g + act), 1 if grad_cast else 0, "elementwise",
+                 creates={"g_mlp_out": T * h * act})
+        if m.moe is not None:
+            self.mem("moe_combine.bwd", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
+        self.projection_bwd(self.down, "g_mlp_out", "g_prod", kept["down_proj"])
+        ff = self.mlp_tokens * self.mlp_in[0].n_out * act
+        grads_in = {f"g_{n}": ff for n in ("gate", "up")[: len(self.mlp_in)]}
+        self.mem("swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, "elementwise", creates=grads_in,
+                 frees=["g_prod", *[n for n in ("gate", "up", "act", "prod") if n in self.t.live]])
+        self._input_grads(self.mlp_in, list(grads_in), kept, "g_n2", extra_free=["n2.out"])
+        if m.moe is not None:
+            self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
+        self._norm_bwd("post_attn_norm", "n2", "g_n2", "h1")
+        # attention branch
+        self.mem("attn_residual.bwd", "cast_fp32_to_bf16", T * h * (g + act), 1 if grad_cast else 0, "elementwise",
+                 creates={"g_attn_out": T * h * act})
+        self.projection_bwd(self.o_proj, "g_attn_out", "g_o", kept["o_proj"])
+        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        if self.plan.recompute == Recompute.SELECTIVE:
+            recompute = Op(name="flash_attn.recompute", category="attention", kind=K.ATTN_FWD, resource="gpu",
+                           flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+            self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act)
+            self.ops[-1].phase = "recompute"
+        bwd = Op(name="flash_attn.bwd", category="attention", kind=K.ATTN_BWD, resource="gpu",
+                 flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+        self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
+                   ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
+        self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, "elementwise",
+                 creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
+        self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1", extra_free=["n1.out"])
+        self._norm_bwd("input_norm", "n1", "g_n1", "x")
+
+    def _input_grads(self, projs: list[Projection], grads: list[str], kept: dict[str, list[str]],
+                     into: str, extra_free: list[str] | None = None) -> None:
+        """Backward of projections sharing one input, summing their input gradients into `into`."""
+        dt, T, h = self.dt, self.T, self.m.hidden_size
+        parts = []
+        for i, (p, g) in enumerate(zip(projs, grads)):
+            part = f"{into}.{i}"
+            self.projection_bwd(p, g, part, kept[p.name])
+            if dt.autocast_casts:  # the input cast's backward: bf16 gradient to fp32
+                self.mem(f"{p.name}.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, "elementwise",
+                         creates={part + ".f32": T * h * 4}, frees=[part])
+                part += ".f32"
+            parts.append(part)
+        width = 4 if dt.autocast_casts else dt.act
+        live_extra = [n for n in (extra_free or []) if n in self.t.live]
+        self.mem(f"{into}.sum", "add", (len(parts) + 1) * T * h * width, len(parts) - 1, "elementwise",
+                 creates={into: T * h * width}, frees=parts + live_extra)
+
+    def _norm_bwd(self, name: str, prefix: str, grad: str, norm_input: str) -> None:
+        """RMSNorm backward, then the residual sum: g += grad through the norm."""
+        T, h = self.T, self.m.hidden_size
+        g = 4 if self.dt.autocast_casts else self.dt.residual
+        saved = [n for n in (f"{prefix}.normed", f"{prefix}.rstd", norm_input) if n in self.t.live]
+        self.mem(f"{name}.bwd", "rmsnorm_bwd", T * h * 4 * 4, RMSNORM_BWD_KERNELS, "norm_reduction",
+                 creates={f"{grad}.x": T * h * g}, frees=[grad] + saved, transient=T * h * 4)
+        self.mem(f"{name}.residual_sum", "add", 3 * T * h * g, 1, "elementwise",
+                 creates={"g.new": T * h * g}, frees=["g", f"{grad}.x"])
+        self.t.live["g"] = self.t.live.pop("g.new")

@@ -1,0 +1,248 @@
+"""Hardware: one GPU part and the node around it, from hardware_profiles/*.toml.
+
+Every figure in a profile is a sourced number (see docs/formats.md); here they
+are converted to SI units (bytes, bytes/s, FLOP/s, seconds).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ghsim.errors import GhsimError
+from ghsim.tomlio import read_toml, repo_root, sourced
+
+PROFILES_DIR = repo_root() / "hardware_profiles"
+GB = 1e9
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    name: str  # "hbm" | "host"
+    kind: str  # HBM3, HBM3e, LPDDR5X, DDR5
+    capacity_bytes: float
+    bandwidth: float  # bytes/s
+
+
+@dataclass(frozen=True)
+class HostLink:
+    kind: str  # pcie-gen5-x16 | nvlink-c2c
+    h2d_pinned: float  # bytes/s
+    d2h_pinned: float
+    h2d_pageable: float
+    d2h_pageable: float
+    bidirectional_total: float
+    latency_s: float
+    gpu_reads_host_in_place: bool
+    in_place_read: float
+    gpus_sharing: int
+
+    @property
+    def is_c2c(self) -> bool:
+        return self.kind.startswith("nvlink-c2c")
+
+
+@dataclass(frozen=True)
+class UnifiedMemory:
+    supported: bool
+    page_size_bytes: float
+    fault_batch_latency_s: float
+    migration: float  # bytes/s
+    access_in_place: bool
+
+
+@dataclass(frozen=True)
+class Cpu:
+    model: str
+    cores: int
+    adamw_params_per_s: float
+
+
+@dataclass(frozen=True)
+class Link:
+    kind: str
+    bandwidth: float  # bytes/s per GPU per direction
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    calibration: str
+    gpu_model: str
+    sm_count: int
+    peak_flops: dict[str, float]  # dense FLOP/s by dtype
+    hbm: MemoryTier
+    host: MemoryTier
+    host_link: HostLink
+    unified_memory: UnifiedMemory
+    cpu: Cpu
+    gpu_link: Link
+    gpus_per_node: int
+    network: Link
+    kernel_launch_s: float
+    cuda_graph_kernel_s: float
+    price_per_gpu_hour: float
+    source_file: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "gpu": self.gpu_model,
+            "hbm_capacity_bytes": self.hbm.capacity_bytes,
+            "hbm_bandwidth_Bps": self.hbm.bandwidth,
+            "host_capacity_bytes": self.host.capacity_bytes,
+            "host_link": self.host_link.kind,
+            "peak_tflops": {k: v / 1e12 for k, v in self.peak_flops.items()},
+            "calibration": self.calibration,
+        }
+
+
+def _table(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    t = d.get(key)
+    if not isinstance(t, dict):
+        raise GhsimError(f"{where}: missing table [{key}]")
+    return t
+
+
+def _bool(d: dict[str, Any], key: str, where: str, default: bool | None = None) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise GhsimError(f"{where}: '{key}' must be true or false")
+    return v
+
+
+def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
+    gpu = _table(d, "gpu", where)
+    peaks = _table(gpu, "peak_tflops", where + " [gpu]")
+    mem = _table(d, "memory", where)
+    hbm_t = _table(mem, "hbm", where + " [memory]")
+    host_t = _table(mem, "host", where + " [memory]")
+    link_t = _table(d, "host_link", where)
+    um_t = _table(d, "unified_memory", where)
+    cpu_t = _table(d, "cpu", where)
+    gl_t = _table(d, "gpu_link", where)
+    net_t = _table(d, "network", where)
+    launch_t = _table(d, "launch", where)
+
+    def s(t: dict[str, Any], key: str, section: str) -> float:
+        v = sourced(t, key, f"{where} [{section}]")
+        if v < 0:
+            raise GhsimError(f"{where} [{section}]: '{key}' must not be negative")
+        return v
+
+    peak_flops = {dt: s(peaks, dt, "gpu.peak_tflops") * 1e12 for dt in DTYPES}
+    if any(v <= 0 for v in peak_flops.values()):
+        raise GhsimError(f"{where} [gpu.peak_tflops]: every peak must be positive")
+    gpus_per_node = gl_t.get("gpus_per_node", 1)
+    if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise GhsimError(f"{where} [gpu_link]: 'gpus_per_node' must be a positive integer")
+    price = d.get("price_per_gpu_hour_usd")
+    return Hardware(
+        name=str(d.get("name", Path(where).stem)),
+        description=str(d.get("description", "")),
+        calibration=str(d.get("calibration", "")),
+        gpu_model=str(gpu.get("model", "")),
+        sm_count=int(s(gpu, "sm_count", "gpu")),
+        peak_flops=peak_flops,
+        hbm=MemoryTier(
+            "hbm",
+            str(hbm_t.get("kind", "HBM")),
+            s(hbm_t, "capacity_gb", "memory.hbm") * GB,
+            s(hbm_t, "bandwidth_gbps", "memory.hbm") * GB,
+        ),
+        host=MemoryTier(
+            "host",
+            str(host_t.get("kind", "DRAM")),
+            s(host_t, "capacity_gb", "memory.host") * GB,
+            s(host_t, "bandwidth_gbps", "memory.host") * GB,
+        ),
+        host_link=HostLink(
+            kind=str(link_t.get("kind", "pcie")),
+            h2d_pinned=s(link_t, "h2d_pinned_gbps", "host_link") * GB,
+            d2h_pinned=s(link_t, "d2h_pinned_gbps", "host_link") * GB,
+            h2d_pageable=s(link_t, "h2d_pageable_gbps", "host_link") * GB,
+            d2h_pageable=s(link_t, "d2h_pageable_gbps", "host_link") * GB,
+            bidirectional_total=s(link_t, "bidirectional_total_gbps", "host_link") * GB,
+            latency_s=s(link_t, "latency_us", "host_link") * 1e-6,
+            gpu_reads_host_in_place=_bool(link_t, "gpu_reads_host_in_place", where, False),
+            in_place_read=(
+                s(link_t, "in_place_read_gbps", "host_link") * GB
+                if "in_place_read_gbps" in link_t
+                else 0.0
+            ),
+            gpus_sharing=int(link_t.get("gpus_sharing_host_link", 1)),
+        ),
+        unified_memory=UnifiedMemory(
+            supported=_bool(um_t, "supported", where, False),
+            page_size_bytes=s(um_t, "page_size_kb", "unified_memory") * 1024,
+            fault_batch_latency_s=s(um_t, "fault_batch_latency_us", "unified_memory") * 1e-6,
+            migration=s(um_t, "migration_gbps", "unified_memory") * GB,
+            access_in_place=_bool(um_t, "access_in_place", where, False),
+        ),
+        cpu=Cpu(
+            model=str(cpu_t.get("model", "")),
+            cores=int(s(cpu_t, "cores", "cpu")),
+            adamw_params_per_s=s(cpu_t, "adamw_params_per_s", "cpu"),
+        ),
+        gpu_link=Link(
+            kind=str(gl_t.get("kind", "")),
+            bandwidth=s(gl_t, "bandwidth_gbps", "gpu_link") * GB,
+            latency_s=s(gl_t, "latency_us", "gpu_link") * 1e-6,
+        ),
+        gpus_per_node=gpus_per_node,
+        network=Link(
+            kind=str(net_t.get("kind", "")),
+            bandwidth=s(net_t, "bandwidth_gbps", "network") * GB,
+            latency_s=s(net_t, "latency_us", "network") * 1e-6,
+        ),
+        kernel_launch_s=s(launch_t, "kernel_launch_us", "launch") * 1e-6,
+        cuda_graph_kernel_s=s(launch_t, "cuda_graph_kernel_us", "launch") * 1e-6,
+        price_per_gpu_hour=(
+            sourced(d, "price_per_gpu_hour_usd", where) if price is not None else 0.0
+        ),
+        source_file=where,
+        raw=d,
+    )
+
+
+def apply_overrides(d: dict[str, Any], overrides: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of profile dict `d` with dotted-key overrides ("cpu.cores" = {value, source})."""
+    out = copy.deepcopy(d)
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                raise GhsimError(f"{where}: override '{dotted}' names no section of the profile")
+            node = node[p]
+        if leaf not in node:
+            raise GhsimError(f"{where}: override '{dotted}' names no field of the profile")
+        node[leaf] = value
+    return out
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+
+
+def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None) -> Hardware:
+    """A profile name (`ghsim hardware` lists them) or a path to a profile TOML."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = PROFILES_DIR / f"{name_or_path}.toml"
+        if not path.exists():
+            raise GhsimError(
+                f"unknown hardware '{name_or_path}' (known: {', '.join(profile_names())}; "
+                "or pass a path to a profile .toml)"
+            )
+    d = read_toml(path)
+    if overrides:
+        d = apply_overrides(d, overrides, str(path))
+    return hardware_from_dict(d, str(path))

@@ -1,0 +1,226 @@
+"""Plan: how a step is executed (precision, recompute, sharding, offload, parallelism).
+
+A Plan is built from CLI flags, a plan.toml or a DeepSpeed ds_config.json and
+checked against the model and hardware by `check_plan`, which says in one line
+what is impossible about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ghsim.errors import GhsimError
+from ghsim.tomlio import read_toml
+
+
+class Precision(str, Enum):
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def is_mixed(self) -> bool:
+        return self in (Precision.BF16, Precision.FP16, Precision.FP8)
+
+
+class Recompute(str, Enum):
+    NONE = "none"
+    SELECTIVE = "selective"  # attention core only (Korthikanti et al. 2022)
+    FULL = "full"  # whole decoder layer
+
+
+class Framework(str, Enum):
+    """Whose mixed-precision semantics the step follows (see DESIGN.md, modeling notes)."""
+
+    TORCH_AMP = "torch-amp"  # fp32 params; autocast casts weights to bf16 in every forward
+    FSDP_MIXED = "fsdp-mixed"  # fp32 masters sharded; bf16 working copies gathered per layer
+    DEEPSPEED = "deepspeed"  # fp32 masters in the optimizer; bf16 params cast once per step
+
+
+OFFLOAD_TARGETS = ("optimizer", "grads", "params", "activations")
+OPTIMIZER_IMPLS = ("foreach", "fused")
+
+
+@dataclass(frozen=True)
+class Plan:
+    gpus: int = 1
+    gpus_per_node: int = 0  # 0: the hardware's node size (or gpus, if fewer)
+    seq: int = 4096
+    micro_batch: int = 1
+    global_batch: int = 0  # 0: one micro-batch per data-parallel rank (no accumulation)
+    zero: int = 0
+    precision: Precision = Precision.BF16
+    recompute: Recompute = Recompute.NONE
+    offload: frozenset[str] = frozenset()
+    offload_ratio: float = 1.0  # share of optimizer work on the CPU (SuperOffload split)
+    unified_memory: bool = False
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    lora_rank: int = 0
+    cuda_graphs: bool = False
+    dataloader_workers: int = 2
+    optimizer_impl: str = "foreach"
+    framework: Framework = Framework.TORCH_AMP
+
+    # --- derived sizes ----------------------------------------------------
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def resolved_global_batch(self) -> int:
+        return self.global_batch or self.dp * self.micro_batch
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches each data-parallel rank runs per step."""
+        return self.resolved_global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.resolved_global_batch * self.seq
+
+    def with_(self, **changes: Any) -> "Plan":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["precision"] = self.precision.value
+        d["recompute"] = self.recompute.value
+        d["framework"] = self.framework.value
+        d["offload"] = sorted(self.offload)
+        d["global_batch"] = self.resolved_global_batch
+        d["grad_accum"] = self.grad_accum
+        d["dp"] = self.dp
+        return d
+
+    def flags(self) -> str:
+        """The `ghsim simulate` flags that reproduce this plan."""
+        parts = [
+            f"--gpus {self.gpus}",
+            f"--seq {self.seq}",
+            f"--micro-batch {self.micro_batch}",
+            f"--global-batch {self.resolved_global_batch}",
+            f"--precision {self.precision.value}",
+            f"--recompute {self.recompute.value}",
+        ]
+        if self.zero:
+            parts.append(f"--zero {self.zero}")
+        if self.offload:
+            parts.append(f"--offload {','.join(sorted(self.offload))}")
+        if self.unified_memory:
+            parts.append("--unified-memory")
+        if self.tp > 1:
+            parts.append(f"--tp {self.tp}")
+        if self.pp > 1:
+            parts.append(f"--pp {self.pp}")
+        if self.ep > 1:
+            parts.append(f"--ep {self.ep}")
+        if self.lora_rank:
+            parts.append(f"--lora-rank {self.lora_rank}")
+        if self.cuda_graphs:
+            parts.append("--cuda-graphs")
+        return " ".join(parts)
+
+
+def _enum(cls: type[Enum], value: Any, what: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise GhsimError(f"{what} must be one of {allowed}, got {value!r}") from None
+
+
+def parse_offload(value: Any) -> frozenset[str]:
+    if value in (None, "", "none"):
+        return frozenset()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    targets = frozenset(str(i).strip() for i in items if str(i).strip())
+    unknown = targets - set(OFFLOAD_TARGETS)
+    if unknown:
+        raise GhsimError(
+            f"unknown offload target(s) {', '.join(sorted(unknown))} "
+            f"(choose from {', '.join(OFFLOAD_TARGETS)})"
+        )
+    return targets
+
+
+_INT_FIELDS = {
+    "gpus", "gpus_per_node", "seq", "micro_batch", "global_batch", "zero",
+    "tp", "pp", "ep", "lora_rank", "dataloader_workers",
+}
+
+
+def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
+    known = {f.name for f in fields(Plan)} | {"grad_accum"}
+    unknown = set(d) - known
+    if unknown:
+        raise GhsimError(f"{where}: unknown plan field(s) {', '.join(sorted(unknown))}")
+    kw: dict[str, Any] = {}
+    for key, value in d.items():
+        if key in _INT_FIELDS:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise GhsimError(f"{where}: '{key}' must be an integer, got {value!r}")
+            kw[key] = value
+        elif key == "precision":
+            kw[key] = _enum(Precision, value, f"{where}: precision")
+        elif key == "recompute":
+            kw[key] = _enum(Recompute, value, f"{where}: recompute")
+        elif key == "framework":
+            kw[key] = _enum(Framework, value, f"{where}: framework")
+        elif key == "offload":
+            kw[key] = parse_offload(value)
+        elif key in ("unified_memory", "cuda_graphs"):
+            if not isinstance(value, bool):
+                raise GhsimError(f"{where}: '{key}' must be true or false")
+            kw[key] = value
+        elif key == "offload_ratio":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise GhsimError(f"{where}: 'offload_ratio' must be a number")
+            kw[key] = float(value)
+        elif key == "optimizer_impl":
+            kw[key] = str(value)
+    plan = Plan(**kw)
+    if "grad_accum" in d and "global_batch" not in d:
+        ga = d["grad_accum"]
+        if isinstance(ga, bool) or not isinstance(ga, int) or ga < 1:
+            raise GhsimError(f"{where}: 'grad_accum' must be a positive integer")
+        plan = plan.with_(global_batch=plan.dp * plan.micro_batch * ga if plan.dp > 0 else 0)
+    return plan
+
+
+def load_plan_toml(path: Path) -> Plan:
+    return plan_from_dict(read_toml(path), str(path))
+
+
+def check_plan(plan: Plan) -> None:
+    """Reject plans that are impossible regardless of model and hardware."""
+    for name in ("gpus", "seq", "micro_batch", "tp", "pp", "ep"):
+        if getattr(plan, name) < 1:
+            raise GhsimError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
+    for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers"):
+        if getattr(plan, name) < 0:
+            raise GhsimError(f"--{name.replace('_', '-')} must not be negative")
+    if plan.zero not in (0, 1, 2, 3):
+        raise GhsimError(f"--zero must be 0, 1, 2 or 3, got {plan.zero}")
+    if plan.gpus % (plan.tp * plan.pp):
+        raise GhsimError(
+            f"--gpus {plan.gpus} is not divisible by tp*pp = {plan.tp}*{plan.pp} = {plan.tp * plan.pp}"
+        )
+    if plan.global_batch and plan.global_batch % (plan.dp * plan.micro_batch):
+        raise GhsimError(
+            f"--global-batch {plan.global_batch} is not a multiple of data-parallel ranks x micro-batch "
+            f"= {plan.dp} x {plan.micro_batch}"
+        )
+    if not 0.0 <= plan.offload_ratio <= 1.0:
+        raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
+    if plan.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise GhsimError(
+            f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {plan.optimizer_impl!r}"
+        )

@@ -1,0 +1,202 @@
+"""StepReport: what one simulated step costs, and its renderings (table, JSON, Chrome trace)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
+from ghsim.sim.engine import Schedule
+from ghsim.sim.memory import TierPeak
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Timeline:
+    ops: list[Op]
+    resources: list[str]
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step_time_s: float
+    tokens_per_step: int
+    model_flops_per_step: float
+    peak_flops_per_gpu: float
+    gpus: int
+    gpu_utilization: float
+    time_breakdown_s: dict[str, float]
+    hbm: TierPeak
+    host: TierPeak
+    hbm_capacity: float
+    host_capacity: float
+    fit_problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    plan: dict[str, Any]
+    model: dict[str, Any]
+    hardware: dict[str, Any]
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_time_s
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops_per_step / (self.step_time_s * self.gpus * self.peak_flops_per_gpu)
+
+    @property
+    def fits(self) -> bool:
+        return not self.fit_problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_step": self.tokens_per_step,
+            "mfu": self.mfu,
+            "gpu_utilization": self.gpu_utilization,
+            "fits": self.fits,
+            "fit_problems": list(self.fit_problems),
+            "memory": {
+                "hbm_peak_bytes": self.hbm.peak_bytes,
+                "hbm_capacity_bytes": self.hbm_capacity,
+                "host_peak_bytes": self.host.peak_bytes,
+                "host_capacity_bytes": self.host_capacity,
+                "breakdown": {k: float(v) for k, v in self.hbm.breakdown.items()},
+                "host_breakdown": {k: float(v) for k, v in self.host.breakdown.items()},
+            },
+            "time_breakdown_s": dict(self.time_breakdown_s),
+            "notes": list(self.notes),
+            "plan": self.plan,
+            "model": self.model,
+            "hardware": self.hardware,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float, dict[str, float]]:
+    """Kernel-busy fraction of the step (as nsys shows it) and where the step's time goes.
+
+    The breakdown walks the GPU compute stream: kernel time by category, copies
+    issued on it, and the gaps between them, attributed to what the next op
+    waited for (the host issuing kernels, or CPU work). It sums to the step time.
+    """
+    ops, sched = timeline.ops, timeline.schedule
+    breakdown = {c: 0.0 for c in KERNEL_CATEGORIES}
+    breakdown.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_host_launch": 0.0, "wait_other": 0.0})
+    kernel_intervals = []
+    cursor = 0.0
+    for i, op in enumerate(ops):
+        if op.resource != "gpu":  # other streams, copy engines, CPU: only their kernels count as busy
+            if op.category in KERNEL_CATEGORIES and op.duration > 0:
+                kernel_intervals.append((sched.start[i], sched.end[i]))
+            continue
+        gap = sched.start[i] - cursor
+        if gap > 0:
+            breakdown[_waited_for(i, ops, sched, timeline.resources)] += gap
+        d = sched.end[i] - sched.start[i]
+        if op.category in KERNEL_CATEGORIES:
+            breakdown[op.category] += d
+            if d > 0:
+                kernel_intervals.append((sched.start[i], sched.end[i]))
+        else:
+            breakdown["memcpy"] += d
+        cursor = max(cursor, sched.end[i])
+    tail = step_time - cursor
+    if tail > 0:
+        breakdown["wait_cpu"] += tail
+    busy = _union_length(kernel_intervals)
+    return busy / step_time if step_time > 0 else 0.0, breakdown
+
+
+def _waited_for(i: int, ops: list[Op], sched: Schedule, resources: list[str]) -> str:
+    """What the GPU stream's op i waited for, when it started after the stream went idle."""
+    start = sched.start[i]
+    for d in ops[i].deps:
+        if abs(sched.end[d] - start) < 1e-12:
+            return "wait_cpu" if ops[d].category == CPU else "wait_other"
+    if abs(sched.issue[i] - start) < 1e-12:
+        return "wait_host_launch"
+    return "wait_other"
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    if not intervals:
+        return 0.0
+    arr = np.array(sorted(intervals))
+    total, cur_s, cur_e = 0.0, arr[0, 0], arr[0, 1]
+    for s, e in arr[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + cur_e - cur_s
+
+
+def render_table(r: StepReport) -> str:
+    lines = [
+        f"model      {r.model['name']} ({r.model['total_params'] / 1e9:.2f}B params)",
+        f"hardware   {r.hardware['name']}: {r.hardware['description']}",
+        f"plan       {r.plan['flags']}",
+        "",
+        f"step time        {r.step_time_s * 1e3:10.1f} ms",
+        f"tokens/s         {r.tokens_per_s:10.0f}",
+        f"MFU              {r.mfu * 100:10.1f} %",
+        f"GPU utilization  {r.gpu_utilization * 100:10.1f} %   (kernel-busy share of the step)",
+        f"HBM peak         {r.hbm.peak_bytes / GiB:10.2f} GiB of {r.hbm_capacity / GiB:.1f} GiB per GPU",
+        f"host peak        {r.host.peak_bytes / GiB:10.2f} GiB of {r.host_capacity / GiB:.0f} GiB per node",
+        f"fits             {'yes' if r.fits else 'NO: ' + '; '.join(r.fit_problems)}",
+        "",
+        "where the step goes                 ms      share",
+    ]
+    for k, v in sorted(r.time_breakdown_s.items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            lines.append(f"  {k:<28}{v * 1e3:10.2f} {v / r.step_time_s * 100:9.1f} %")
+    lines += ["", "HBM at the peak                     GiB"]
+    for k, v in sorted(r.hbm.breakdown.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:<28}{v / GiB:10.2f}")
+    for n in r.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def chrome_trace(r: StepReport) -> dict[str, Any]:
+    """The simulated timeline as a Chrome trace (Perfetto): one track per resource,
+    per-layer forward/backward ranges on their own track, memory as a counter."""
+    assert r.timeline is not None
+    tl = r.timeline
+    events: list[dict[str, Any]] = []
+    tids = {name: i + 1 for i, name in enumerate(tl.resources)}
+    tids["host issue"] = len(tids) + 1
+    tids["layers"] = len(tids) + 1
+    for name, tid in tids.items():
+        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}})
+    ranges: dict[tuple[int, str, int], list[float]] = {}
+    for i, op in enumerate(tl.ops):
+        s, e = tl.schedule.start[i] * 1e6, tl.schedule.end[i] * 1e6
+        if e > s:
+            events.append({"ph": "X", "name": op.name, "cat": op.category, "pid": 1, "tid": tids[op.resource],
+                           "ts": s, "dur": e - s,
+                           "args": {"layer": op.layer, "phase": op.phase, "flops": op.flops, "bytes": op.bytes}})
+        if op.layer >= 0:
+            key = (op.microbatch, op.phase, op.layer)
+            span = ranges.setdefault(key, [s, e])
+            span[0], span[1] = min(span[0], s), max(span[1], e)
+    for (mb, phase, layer), (s, e) in sorted(ranges.items(), key=lambda kv: kv[1][0]):
+        events.append({"ph": "X", "name": f"layer {layer} {phase}", "cat": "layer", "pid": 1, "tid": tids["layers"],
+                       "ts": s, "dur": e - s, "args": {"microbatch": mb}})
+    if r.hbm.curve is not None:
+        for i in range(0, len(tl.ops), max(1, len(tl.ops) // 2000)):
+            events.append({"ph": "C", "name": "HBM allocated (GiB)", "pid": 1, "ts": tl.schedule.issue[i] * 1e6,
+                           "args": {"GiB": float(r.hbm.curve[i]) / GiB}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"generator": "ghsim", "step_time_s": r.step_time_s}}

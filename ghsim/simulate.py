@@ -1,0 +1,109 @@
+"""simulate(): model + hardware + plan -> StepReport. The one entry point the CLI, the
+search and the validation call."""
+
+from __future__ import annotations
+
+from ghsim.cost.calibration import Calibration, load_calibration
+from ghsim.cost.compute import CostModel
+from ghsim.errors import GhsimError
+from ghsim.graph.step import build_step, param_counts, static_bytes
+from ghsim.hardware import Hardware
+from ghsim.model import ModelSpec
+from ghsim.plan import Plan, Precision, check_plan
+from ghsim.report import StepReport, Timeline, gpu_busy_and_breakdown
+from ghsim.sim import engine
+from ghsim.sim.memory import hbm_peak, host_peak
+
+RESOURCES = (
+    engine.Resource("gpu"),  # the compute stream
+    engine.Resource("h2d"),  # copy engine, host to device
+    engine.Resource("d2h"),  # copy engine, device to host
+    engine.Resource("cpu"),  # host cores doing optimizer or data work
+)
+
+
+def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
+    """Plan choices the model or the hardware cannot honour: one clear line each."""
+    check_plan(plan)
+    if plan.gpus > 1 or plan.tp > 1 or plan.pp > 1 or plan.zero:
+        raise GhsimError(
+            "multi-GPU plans (--gpus > 1, --tp, --pp, --zero) are not simulated yet by this build"
+        )
+    if plan.seq > model.max_seq_len * 64:
+        raise GhsimError(f"--seq {plan.seq} is far beyond {model.name}'s context ({model.max_seq_len})")
+    if plan.unified_memory and not hw.unified_memory.supported:
+        raise GhsimError(f"{hw.name} does not support unified memory")
+    if plan.lora_rank and plan.lora_rank > model.hidden_size:
+        raise GhsimError(f"--lora-rank {plan.lora_rank} exceeds the hidden size {model.hidden_size}")
+    if plan.precision == Precision.FP8 and plan.lora_rank:
+        raise GhsimError("fp8 with LoRA is not modeled: LoRA adapters run in bf16 (drop --precision fp8)")
+
+
+def model_flops(model: ModelSpec, plan: Plan) -> float:
+    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention."""
+    tokens = plan.tokens_per_step
+    matmul_params = model.active_params_per_token - model.embedding_params  # the embedding is a lookup
+    attn = 12 * model.num_layers * plan.seq * model.q_dim / 2  # causal: half of QK^T and PV, x3 for bwd
+    return tokens * (6 * matmul_params + attn)
+
+
+def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
+             keep_timeline: bool = True) -> StepReport:
+    check_fit_to_model(model, hw, plan)
+    cost = CostModel(hw, calibration or load_calibration(hw.calibration))
+    graph = build_step(model, plan, price=cost.duration)
+    ops = graph.ops
+    names = [r.name for r in RESOURCES]
+    index = {n: i for i, n in enumerate(names)}
+    sched = engine.run(
+        RESOURCES,
+        [index[o.resource] for o in ops],
+        [o.duration for o in ops],
+        [o.deps for o in ops],
+        [cost.issue_cost(o, plan.cuda_graphs) for o in ops],
+        [o.host_waits for o in ops],
+    )
+    timeline = Timeline(ops, names, sched)
+    step_time = sched.makespan
+    utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
+    hbm = hbm_peak(ops, static_bytes(model, plan))
+    host_static = {}
+    counts = param_counts(model, plan)
+    if "optimizer" in plan.offload:
+        # fp32 master params, grads and both AdamW moments in pinned host memory
+        host_static = {"optimizer_states": counts.trainable * 8, "master_params": counts.trainable * 4,
+                       "grads": counts.trainable * 4}
+    host = host_peak(ops, host_static)
+    problems = []
+    if hbm.peak_bytes > hw.hbm.capacity_bytes:
+        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
+        parts = " + ".join(f"{v / 1e9:.1f} GB {k}" for k, v in top)
+        problems.append(f"HBM peak {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB ({parts} ...)")
+    if host.peak_bytes > hw.host.capacity_bytes:
+        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
+    peak_dtype = "tf32" if plan.precision == Precision.TF32 else ("fp32" if plan.precision == Precision.FP32 else "bf16")
+    plan_dict = plan.to_dict()
+    plan_dict["flags"] = plan.flags()
+    notes = [f"precision semantics: {plan.framework.value}"
+             + (" (fp32 params, autocast casts weights and inputs per op)" if plan.framework.value == "torch-amp"
+                and plan.precision.is_mixed else ""),
+             f"MFU is relative to the {peak_dtype} dense peak"]
+    return StepReport(
+        step_time_s=step_time,
+        tokens_per_step=plan.tokens_per_step,
+        model_flops_per_step=model_flops(model, plan),
+        peak_flops_per_gpu=hw.peak_flops[peak_dtype],
+        gpus=plan.gpus,
+        gpu_utilization=utilization,
+        time_breakdown_s=breakdown,
+        hbm=hbm,
+        host=host,
+        hbm_capacity=hw.hbm.capacity_bytes,
+        host_capacity=hw.host.capacity_bytes,
+        fit_problems=tuple(problems),
+        notes=tuple(notes),
+        plan=plan_dict,
+        model=model.to_dict(),
+        hardware=hw.to_dict(),
+        timeline=timeline if keep_timeline else None,
+    )

@@ -1,0 +1,277 @@
+"""Nsight Systems SQLite exports (`nsys export --type sqlite`) -> TraceData.
+
+The export schema moves between nsys releases (2022: EXPORT_META_DATA, no
+ENUM_* tables; 2024: META_DATA_EXPORT, ENUM_* tables, greenContextId; tables
+gaining columns, columns added by hand after export). So nothing here is
+positional: tables are looked up by name, columns through PRAGMA table_info,
+and enum values through the ENUM_* tables when the file carries them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ghsim.errors import GhsimError
+from ghsim.traces import events as ev
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+KERNEL_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL")
+MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET_TABLE = "CUPTI_ACTIVITY_KIND_MEMSET"
+NVTX_TABLE = "NVTX_EVENTS"
+GPU_TABLES = ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU")
+UM_CPU_FAULT_TABLE = "CUDA_UM_CPU_PAGE_FAULT_EVENTS"
+UM_GPU_FAULT_TABLE = "CUDA_UM_GPU_PAGE_FAULT_EVENTS"
+
+# CUPTI / nsys copyKind values, used when ENUM_CUDA_MEMCPY_OPER is absent.
+DEFAULT_COPY_KINDS = {
+    1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP",
+    11: "UM_HtoD", 12: "UM_DtoH", 13: "UM_DtoD",
+}
+# ENUM_CUDA_MEMCPY_OPER symbol suffix -> our kind.
+_COPY_SYMBOLS = {
+    "HTOD": "HtoD", "DTOH": "DtoH", "DTOD": "DtoD", "HTOH": "HtoH", "PTOP": "PtoP",
+    "UVM_HTOD": "UM_HtoD", "UVM_DTOH": "UM_DtoH", "UVM_DTOD": "UM_DtoD",
+}
+# nsys memory kinds (srcKind/dstKind), used when ENUM_CUDA_MEM_KIND is absent.
+DEFAULT_MEM_KINDS = {0: "pageable", 1: "pinned", 2: "device", 3: "device", 4: "managed",
+                     5: "device", 6: "managed"}
+_MEM_SYMBOLS = {"PAGEABLE": "pageable", "PINNED": "pinned", "DEVICE": "device", "ARRAY": "device",
+                "MANAGED": "managed", "DEVICE_STATIC": "device", "MANAGED_STATIC": "managed"}
+
+# NVTX_EVENTS.eventType values that are not ranges: category, mark, thread
+# name, domain create/destroy. Everything else with an end time is a range.
+NVTX_NON_RANGE_TYPES = (33, 34, 39, 75, 76)
+NVTX_DOMAIN_CREATE = 75
+
+
+def is_sqlite(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(16) == SQLITE_MAGIC
+
+
+class _Db:
+    """A read-only connection that knows which tables and columns exist."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        uri = f"file:{path.resolve().as_posix()}?mode=ro&immutable=1"
+        self.conn = sqlite3.connect(uri, uri=True)
+        self.tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+        self._columns: dict[str, set[str]] = {}
+
+    def columns(self, table: str) -> set[str]:
+        if table not in self._columns:
+            self._columns[table] = {r[1] for r in self.conn.execute(f"PRAGMA table_info([{table}])")}
+        return self._columns[table]
+
+    def first_table(self, names) -> str | None:
+        return next((t for t in names if t in self.tables), None)
+
+    def pick(self, table: str, *candidates: str) -> str | None:
+        cols = self.columns(table)
+        return next((c for c in candidates if c in cols), None)
+
+    def rows(self, sql: str, params=()) -> list[tuple]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def strings(self, ids) -> dict[int, str]:
+        """StringIds lookups for just the ids in use."""
+        ids = [int(i) for i in ids if i is not None]
+        if not ids or "StringIds" not in self.tables:
+            return {}
+        out: dict[int, str] = {}
+        for lo in range(0, len(ids), 900):  # SQLite's bound-parameter limit
+            chunk = ids[lo:lo + 900]
+            marks = ",".join("?" * len(chunk))
+            out.update(self.rows(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk))
+        return out
+
+    def enum(self, table: str) -> dict[int, str]:
+        if table not in self.tables or not {"id", "name"} <= self.columns(table):
+            return {}
+        return {int(i): str(n) for i, n in self.rows(f"SELECT id, name FROM [{table}]") if i is not None and n is not None}
+
+
+def _array(rows: list[tuple], col: int, dtype, fill=0) -> np.ndarray:
+    return np.fromiter((fill if r[col] is None else r[col] for r in rows), dtype=dtype, count=len(rows))
+
+
+def _interned(db: _Db, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """StringIds ids -> (codes, unique names) without building N Python strings."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    lookup = db.strings(uniq.tolist())
+    names = [lookup.get(int(i), f"<string {int(i)}>") for i in uniq]
+    codes, categories = pd.factorize(pd.Series(names, dtype=object))
+    return codes[inverse].astype(np.int32), list(categories)
+
+
+def _read_kernels(db: _Db, table: str) -> pd.DataFrame:
+    name_col = db.pick(table, "demangledName", "shortName", "mangledName", "name")
+    short_col = db.pick(table, "shortName")
+    for col in ("start", "end"):
+        if col not in db.columns(table):
+            raise GhsimError(f"{db.path}: unknown schema: {table} has no '{col}' column")
+    device = db.pick(table, "deviceId", "device") or "0"
+    stream = db.pick(table, "streamId", "stream") or "0"
+    name = name_col or "0"
+    short = short_col or name
+    rows = db.rows(f"SELECT start, end, {device}, {stream}, {name}, {short} FROM [{table}] ORDER BY start")
+    start = _array(rows, 0, np.int64)
+    dur = np.maximum(_array(rows, 1, np.int64) - start, 0)
+    codes, names = _interned(db, _array(rows, 4, np.int64))
+    short_codes, short_names = _interned(db, _array(rows, 5, np.int64))
+    df = ev.make_kernels(codes, start, dur, _array(rows, 2, np.int64), _array(rows, 3, np.int64),
+                         name_categories=names)
+    df["short_name"] = pd.Categorical.from_codes(short_codes, categories=pd.Index(short_names, dtype=object))
+    return df
+
+
+def _copy_kind_map(db: _Db) -> dict[int, str]:
+    mapping = dict(DEFAULT_COPY_KINDS)
+    for i, symbol in db.enum("ENUM_CUDA_MEMCPY_OPER").items():
+        suffix = symbol.removeprefix("CUDA_MEMCPY_KIND_")
+        mapping[i] = _COPY_SYMBOLS.get(suffix, "other")
+    return mapping
+
+
+def _mem_kind_map(db: _Db) -> dict[int, str]:
+    mapping = dict(DEFAULT_MEM_KINDS)
+    for i, symbol in db.enum("ENUM_CUDA_MEM_KIND").items():
+        suffix = symbol.removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
+        mapping[i] = _MEM_SYMBOLS.get(suffix, "unknown")
+    return mapping
+
+
+def _read_memcpys(db: _Db) -> pd.DataFrame:
+    table = MEMCPY_TABLE
+    if table not in db.tables:
+        return ev.make_memcpys([], [], [], [], [], [])
+    kind_col = db.pick(table, "copyKind", "memcpyKind", "kind")
+    bytes_col = db.pick(table, "bytes", "size")
+    if kind_col is None or bytes_col is None or not {"start", "end"} <= db.columns(table):
+        raise GhsimError(f"{db.path}: unknown schema: {table} lacks start/end/bytes/copyKind columns")
+    device = db.pick(table, "deviceId", "device") or "0"
+    stream = db.pick(table, "streamId", "stream") or "0"
+    src = db.pick(table, "srcKind") or "NULL"
+    dst = db.pick(table, "dstKind") or "NULL"
+    rows = db.rows(f"SELECT start, end, {device}, {stream}, {bytes_col}, {kind_col}, {src}, {dst} "
+                   f"FROM [{table}] ORDER BY start")
+    kinds, mems = _copy_kind_map(db), _mem_kind_map(db)
+    kind = [kinds.get(r[5], "other") for r in rows]
+    # The host side of a copy says pinned or pageable: the source of an HtoD, the target of a DtoH.
+    memory = []
+    for k, r in zip(kind, rows):
+        host = r[6] if k in ("HtoD", "UM_HtoD") else r[7] if k in ("DtoH", "UM_DtoH") else None
+        memory.append(mems.get(host, "unknown") if host is not None else ("device" if k in ("DtoD", "PtoP") else "unknown"))
+    start = _array(rows, 0, np.int64)
+    return ev.make_memcpys(kind, _array(rows, 4, np.int64), start, np.maximum(_array(rows, 1, np.int64) - start, 0),
+                           _array(rows, 2, np.int64), _array(rows, 3, np.int64), memory)
+
+
+def _read_memsets(db: _Db) -> pd.DataFrame:
+    table = MEMSET_TABLE
+    if table not in db.tables or not {"start", "end", "bytes"} <= db.columns(table):
+        return ev.make_memsets([], [], [], [], [])
+    device = db.pick(table, "deviceId", "device") or "0"
+    stream = db.pick(table, "streamId", "stream") or "0"
+    rows = db.rows(f"SELECT start, end, {device}, {stream}, bytes FROM [{table}] ORDER BY start")
+    start = _array(rows, 0, np.int64)
+    return ev.make_memsets(_array(rows, 4, np.int64), start, np.maximum(_array(rows, 1, np.int64) - start, 0),
+                           _array(rows, 2, np.int64), _array(rows, 3, np.int64))
+
+
+def _read_um_faults(db: _Db) -> pd.DataFrame:
+    side, start, dur, device, faults = [], [], [], [], []
+    if UM_CPU_FAULT_TABLE in db.tables and "start" in db.columns(UM_CPU_FAULT_TABLE):
+        for (s,) in db.rows(f"SELECT start FROM [{UM_CPU_FAULT_TABLE}]"):
+            side.append("cpu"); start.append(s or 0); dur.append(0); device.append(-1); faults.append(1)
+    table = UM_GPU_FAULT_TABLE
+    if table in db.tables and {"start", "end"} <= db.columns(table):
+        dev = db.pick(table, "deviceId") or "0"
+        n = db.pick(table, "numberOfPageFaults") or "1"
+        for s, e, d, k in db.rows(f"SELECT start, end, {dev}, {n} FROM [{table}]"):
+            s, e = s or 0, e or s or 0
+            side.append("gpu"); start.append(s); dur.append(max(e - s, 0)); device.append(d or 0); faults.append(k or 1)
+    return ev.make_um_faults(side, start, dur, device, faults)
+
+
+def _read_nvtx(db: _Db) -> pd.DataFrame:
+    table = NVTX_TABLE
+    cols = db.columns(table) if table in db.tables else set()
+    if not {"start", "end"} <= cols:
+        return ev.make_nvtx([], [], [])
+    event_type = "eventType" if "eventType" in cols else "NULL"
+    text = "text" if "text" in cols else "NULL"
+    text_id = "textId" if "textId" in cols else "NULL"
+    domain = "domainId" if "domainId" in cols else "NULL"
+    rows = db.rows(f"SELECT start, end, {event_type}, {text}, {text_id}, {domain} FROM [{table}] ORDER BY start")
+    domains = {r[5]: r[3] for r in rows if r[2] == NVTX_DOMAIN_CREATE and r[3] is not None}
+    ranges = [r for r in rows if r[1] is not None and r[2] not in NVTX_NON_RANGE_TYPES and r[1] >= r[0]]
+    strings = db.strings({r[4] for r in ranges if r[3] is None and r[4] is not None})
+    names = [r[3] if r[3] is not None else strings.get(r[4], "") for r in ranges]
+    return ev.make_nvtx(names, [r[0] for r in ranges], [r[1] for r in ranges],
+                        [domains.get(r[5], "") if r[5] else "" for r in ranges])
+
+
+def _read_gpus(db: _Db) -> tuple[ev.GpuInfo, ...]:
+    table = db.first_table(GPU_TABLES)
+    if table is None:
+        return ()
+    cols = db.columns(table)
+    want = ("id", "name", "smCount", "totalMemory", "memoryBandwidth", "clockRate")
+    select = ", ".join(c if c in cols else "NULL" for c in want)
+    gpus = {}
+    for gid, name, sms, mem, bw, clock in db.rows(f"SELECT {select} FROM [{table}]"):
+        gid = int(gid or 0)
+        gpus.setdefault(gid, ev.GpuInfo(gid, str(name or "unknown GPU"), sms, mem, bw, clock))
+    return tuple(gpus[k] for k in sorted(gpus))
+
+
+def _read_meta(db: _Db) -> dict[str, str]:
+    table = db.first_table(("META_DATA_EXPORT", "EXPORT_META_DATA"))
+    if table is None or not {"name", "value"} <= db.columns(table):
+        return {}
+    return {str(n): str(v) for n, v in db.rows(f"SELECT name, value FROM [{table}]") if n is not None}
+
+
+def load_nsys_sqlite(path: str | Path) -> ev.TraceData:
+    """Read an nsys SQLite export. Raises GhsimError for anything unreadable."""
+    path = Path(path)
+    if not is_sqlite(path):
+        raise GhsimError(f"{path}: not an SQLite database (expected an `nsys export --type sqlite` file)")
+    try:
+        db = _Db(path)
+        try:
+            return _load(db)
+        finally:
+            db.conn.close()
+    except sqlite3.Error as e:
+        raise GhsimError(f"{path}: corrupt or truncated SQLite database ({e})") from None
+    except (ValueError, TypeError, OverflowError) as e:
+        # A readable database whose cells are not what the schema promises.
+        raise GhsimError(f"{path}: unexpected value in an nsys table ({e})") from None
+
+
+def _load(db: _Db) -> ev.TraceData:
+    kernel_table = db.first_table(KERNEL_TABLES)
+    if kernel_table is None and MEMCPY_TABLE not in db.tables and MEMSET_TABLE not in db.tables:
+        raise GhsimError(f"{db.path}: unknown schema: no kernel table (CUPTI_ACTIVITY_KIND_KERNEL) "
+                         f"and no memcpy/memset tables; was the profile taken with --trace=cuda?")
+    kernels = _read_kernels(db, kernel_table) if kernel_table else ev.make_kernels([], [], [], [], [])
+    memcpys = _read_memcpys(db)
+    memsets = _read_memsets(db)
+    if kernels.empty and memcpys.empty and memsets.empty:
+        raise GhsimError(f"{db.path}: no GPU activity (no kernels, memcpys or memsets recorded)")
+    nvtx = _read_nvtx(db)
+    return ev.TraceData(
+        source=str(db.path), format="nsys-sqlite",
+        kernels=kernels, memcpys=memcpys, memsets=memsets,
+        um_faults=_read_um_faults(db), nvtx=nvtx, steps=ev.steps_from_nvtx(nvtx),
+        memory=ev.make_memory([], [], [], []), gpus=_read_gpus(db), meta=_read_meta(db),
+    )
