@@ -48,7 +48,8 @@ def render_summary(s) -> str:
         where += f" | device {s.device}" + (f" ({s.gpu_name})" if s.gpu_name else "")
     out.append(where)
     if s.step_times_s:
-        out.append(" step times (ms): " + "  ".join(_ms(t) for t in s.step_times_s))
+        what = "range durations" if s.window.startswith("nvtx") else "step times"
+        out.append(f" {what} (ms): " + "  ".join(_ms(t) for t in s.step_times_s))
     out.append("")
 
     if s.gpu_busy_fraction is not None:

@@ -29,7 +29,7 @@ from ghsim.traces import events as ev
 from ghsim.traces import intervals as iv
 from ghsim.traces.categories import CATEGORIES, categorize
 
-NS = 1e-9
+NS_PER_S = 1e9
 GAP_BIN_EDGES_S = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, float("inf"))
 DEFAULT_TOP = 10
 
@@ -190,7 +190,7 @@ def select_window(trace: ev.TraceData, steps: str | None = None, nvtx: str | Non
         if missing:
             raise GhsimError(f"{trace.source}: steps {lo}-{hi} not all in the trace (missing {_ranges(missing)}); "
                              f"it has ProfilerStep#{_ranges(have)}")
-        durations = tuple(float(d) * NS for d in (chosen["end_ns"] - chosen["start_ns"]))
+        durations = tuple(float(d) / NS_PER_S for d in (chosen["end_ns"] - chosen["start_ns"]))
         label = f"steps {lo}-{hi}" if hi > lo else f"step {lo}"
         return Window(label, iv.as_windows(chosen["start_ns"], chosen["end_ns"]), durations)
     if nvtx:
@@ -207,10 +207,10 @@ def select_window(trace: ev.TraceData, steps: str | None = None, nvtx: str | Non
         # The same range on the CPU and projected on the GPU: keep the CPU one for wall time.
         if chosen["on_gpu"].any() and not chosen["on_gpu"].all():
             chosen = chosen[~chosen["on_gpu"]]
-        durations = tuple(float(d) * NS for d in (chosen["end_ns"] - chosen["start_ns"]))
+        durations = tuple(float(d) / NS_PER_S for d in (chosen["end_ns"] - chosen["start_ns"]))
         return Window(f"nvtx {nvtx!r} ({len(chosen)} ranges)", iv.as_windows(chosen["start_ns"], chosen["end_ns"]),
                       durations)
-    steps_all = tuple(float(d) * NS for d in (trace.steps["end_ns"] - trace.steps["start_ns"]))
+    steps_all = tuple(float(d) / NS_PER_S for d in (trace.steps["end_ns"] - trace.steps["start_ns"]))
     return Window("all", _activity_span(trace), steps_all, whole_trace=True)
 
 
@@ -257,7 +257,7 @@ def _busy_by_device(kernels: pd.DataFrame, window: Window) -> dict[int, float]:
 def _idle_gaps(kernels: pd.DataFrame, window: Window) -> IdleGaps:
     start = kernels["start_ns"].to_numpy()
     bs, be = iv.merge(start, start + kernels["dur_ns"].to_numpy())
-    g = iv.gaps(bs, be, window.pieces).astype(np.float64) * NS
+    g = iv.gaps(bs, be, window.pieces).astype(np.float64) / NS_PER_S
     bins = []
     for lo, hi in zip(GAP_BIN_EDGES_S[:-1], GAP_BIN_EDGES_S[1:]):
         sel = g[(g >= lo) & (g < hi)]
@@ -266,7 +266,7 @@ def _idle_gaps(kernels: pd.DataFrame, window: Window) -> IdleGaps:
 
 
 def _stat(rows: pd.DataFrame) -> CopyStat:
-    return CopyStat(int(rows["bytes"].sum()), float(rows["dur_ns"].sum()) * NS, int(rows["count"].sum()))
+    return CopyStat(int(rows["bytes"].sum()), float(rows["dur_ns"].sum()) / NS_PER_S, int(rows["count"].sum()))
 
 
 def _copy_stats(copies: pd.DataFrame, kinds: Iterable[str]) -> dict[str, CopyStat]:
@@ -326,7 +326,7 @@ def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None 
     def pick(df: pd.DataFrame, time_col: str = "start_ns") -> np.ndarray:
         mask = (df["device"] == device).to_numpy() if device is not None else np.ones(len(df), bool)
         if timeline and not window.whole_trace:
-            mask &= iv.in_windows(df[time_col].to_numpy(), window.pieces)
+            mask = mask & iv.in_windows(df[time_col].to_numpy(), window.pieces)
         return mask
 
     kmask = pick(kernels)
@@ -369,11 +369,11 @@ def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None 
     gpu_name = next((g.name for g in trace.gpus if g.id == device), None)
     return TraceSummary(
         source=trace.source, format=trace.format, has_timeline=timeline, window=window.label,
-        window_s=length * NS if timeline else None, device=device, gpu_name=gpu_name,
+        window_s=length / NS_PER_S if timeline else None, device=device, gpu_name=gpu_name,
         gpu_busy_fraction=gpu_busy, busy_fraction_by_device=busy, idle_gaps=gaps,
-        kernel_count=int(k["count"].sum()), kernel_time_s=total_ns * NS,
+        kernel_count=int(k["count"].sum()), kernel_time_s=total_ns / NS_PER_S,
         kernel_share_by_category=shares,
-        kernel_time_by_category_s={c: float(by_cat_ns[i]) * NS for i, c in enumerate(CATEGORIES)},
+        kernel_time_by_category_s={c: float(by_cat_ns[i]) / NS_PER_S for i, c in enumerate(CATEGORIES)},
         top_kernels=top_kernels, memcpy=memcpy, memset=memset, um_migration=um, um_migration_share=um_share,
         um_page_faults=um_faults, step_times_s=window.step_times_s,
         memory_peak=_memory_peak(trace, device, window), notes=tuple(notes),
@@ -392,7 +392,7 @@ def _top_kernels(k: pd.DataFrame, kcats: np.ndarray, total_ns: float, top: int) 
     order = np.lexsort((np.arange(n_names), -time))[:top]
     names = k["name"].cat.categories
     return tuple(KernelStat(str(names[i]), CATEGORIES[cat_of[i]], float(time[i]) / total_ns if total_ns else 0.0,
-                            int(count[i]), float(time[i]) * NS) for i in order if count[i] > 0)
+                            int(count[i]), float(time[i]) / NS_PER_S) for i in order if count[i] > 0)
 
 
 # -- the simulator's timeline -------------------------------------------------------
