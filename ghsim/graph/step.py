@@ -120,7 +120,8 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         g_fn = "g_fn"
     saved = [n for n in ("fn.normed", "fn.rstd", "fn.out", "x") if n in b.t.live]
     b.mem("final_norm.bwd", "rmsnorm_bwd", T * h * 16, RMSNORM_BWD_KERNELS, "norm_reduction",
-          creates={"g": g_bytes}, frees=[g_fn] + saved, transient=T * h * 4)
+          creates={"g": g_bytes, **({} if plan.lora_rank else {"grad.final_norm": h * dt.grad})},
+          frees=[g_fn] + saved, transient=T * h * 4)
     return fwd, b.ops
 
 

@@ -373,8 +373,9 @@ class LayerBuilder:
         T, h = self.T, self.m.hidden_size
         g = 4 if self.dt.autocast_casts else self.dt.residual
         saved = [n for n in (f"{prefix}.normed", f"{prefix}.rstd", norm_input) if n in self.t.live]
+        weight_grad = {} if self.plan.lora_rank else {f"grad.{name}": h * self.dt.grad}
         self.mem(f"{name}.bwd", "rmsnorm_bwd", T * h * 4 * 4, RMSNORM_BWD_KERNELS, "norm_reduction",
-                 creates={f"{grad}.x": T * h * g}, frees=[grad] + saved, transient=T * h * 4)
+                 creates={f"{grad}.x": T * h * g, **weight_grad}, frees=[grad] + saved, transient=T * h * 4)
         self.mem(f"{name}.residual_sum", "add", 3 * T * h * g, 1, "elementwise",
                  creates={"g.new": T * h * g}, frees=["g", f"{grad}.x"])
         self.t.live["g"] = self.t.live.pop("g.new")

@@ -1,0 +1,68 @@
+"""Read a DeepSpeed ds_config.json into plan fields, so an existing config can be simulated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ghsim.errors import GhsimError
+from ghsim.tomlio import read_json
+
+
+def _int(d: dict[str, Any], key: str, where: str) -> int | None:
+    v = d.get(key)
+    if v is None or v == "auto":
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise GhsimError(f"{where}: '{key}' must be a positive integer or \"auto\", got {v!r}")
+    return v
+
+
+def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, Any]:
+    """Plan fields a ds_config implies: ZeRO stage and offload, precision, batch sizes."""
+    where = str(path)
+    ds = read_json(path)
+    if not isinstance(ds, dict):
+        raise GhsimError(f"{where}: a DeepSpeed config must be a JSON object")
+    out: dict[str, Any] = {"framework": "deepspeed"}
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise GhsimError(f"{where}: 'zero_optimization' must be an object")
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise GhsimError(f"{where}: zero_optimization.stage must be 0-3, got {stage!r}")
+    out["zero"] = stage
+    offload = []
+    for key, target in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+        section = zero.get(key)
+        if isinstance(section, dict) and section.get("device", "none") in ("cpu", "nvme"):
+            offload.append(target)
+            if section.get("device") == "nvme":
+                raise GhsimError(f"{where}: NVMe offload ({key}.device = nvme) is not modeled")
+    if "optimizer" in offload:
+        offload.append("grads")  # ZeRO-Offload moves gradients to the CPU with the optimizer
+        ratio = zero.get("offload_optimizer", {}).get("ratio")
+        if ratio is not None:
+            out["offload_ratio"] = float(ratio)
+    out["offload"] = offload
+    for key, prec in (("bf16", "bf16"), ("fp16", "fp16")):
+        section = ds.get(key)
+        if isinstance(section, dict) and section.get("enabled", False):
+            out["precision"] = prec
+    if "precision" not in out:
+        out["precision"] = "fp32"
+    mb = _int(ds, "train_micro_batch_size_per_gpu", where)
+    if mb:
+        out["micro_batch"] = mb
+    gb = _int(ds, "train_batch_size", where)
+    ga = _int(ds, "gradient_accumulation_steps", where)
+    if gb:
+        out["global_batch"] = gb
+    elif ga and mb and gpus:
+        out["global_batch"] = ga * mb * gpus
+    ac = ds.get("activation_checkpointing", {})
+    if isinstance(ac, dict) and ac.get("partition_activations") is not None:
+        out["recompute"] = "full"
+    if isinstance(ac, dict) and ac.get("cpu_checkpointing"):
+        out.setdefault("offload", []).append("activations")
+    return out
