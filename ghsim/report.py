@@ -20,6 +20,9 @@ class Timeline:
     ops: list[Op]
     resources: list[str]
     schedule: Schedule
+    deps: list[tuple[int, ...]]  # absolute, per op
+    layer: list[int]  # decoder layer of each op (-1: none)
+    microbatch: list[int]
 
 
 @dataclass(frozen=True)
@@ -90,56 +93,50 @@ def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float,
     waited for (the host issuing kernels, or CPU work). It sums to the step time.
     """
     ops, sched = timeline.ops, timeline.schedule
+    start, end = sched.start, sched.end
+    on_gpu = np.fromiter((op.resource == "gpu" for op in ops), bool, len(ops))
+    is_kernel = np.fromiter((op.category in KERNEL_CATEGORIES for op in ops), bool, len(ops))
     breakdown = {c: 0.0 for c in KERNEL_CATEGORIES}
     breakdown.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_host_launch": 0.0, "wait_other": 0.0})
-    kernel_intervals = []
-    cursor = 0.0
-    for i, op in enumerate(ops):
-        if op.resource != "gpu":  # other streams, copy engines, CPU: only their kernels count as busy
-            if op.category in KERNEL_CATEGORIES and op.duration > 0:
-                kernel_intervals.append((sched.start[i], sched.end[i]))
-            continue
-        gap = sched.start[i] - cursor
-        if gap > 0:
-            breakdown[_waited_for(i, ops, sched, timeline.resources)] += gap
-        d = sched.end[i] - sched.start[i]
-        if op.category in KERNEL_CATEGORIES:
-            breakdown[op.category] += d
-            if d > 0:
-                kernel_intervals.append((sched.start[i], sched.end[i]))
-        else:
-            breakdown["memcpy"] += d
-        cursor = max(cursor, sched.end[i])
-    tail = step_time - cursor
+    gpu_idx = np.flatnonzero(on_gpu)
+    dur = end[gpu_idx] - start[gpu_idx]
+    for cat in KERNEL_CATEGORIES:
+        mask = np.fromiter((ops[i].category == cat for i in gpu_idx), bool, len(gpu_idx))
+        breakdown[cat] = float(dur[mask].sum())
+    breakdown["memcpy"] = float(dur[~is_kernel[gpu_idx]].sum())
+    # gaps on the stream: start of each op minus the latest end before it
+    cursor = np.maximum.accumulate(np.concatenate(([0.0], end[gpu_idx])))
+    gaps = start[gpu_idx] - cursor[:-1]
+    for k in np.flatnonzero(gaps > 0):
+        breakdown[_waited_for(int(gpu_idx[k]), timeline)] += float(gaps[k])
+    tail = step_time - (cursor[-1] if len(cursor) else 0.0)
     if tail > 0:
         breakdown["wait_cpu"] += tail
-    busy = _union_length(kernel_intervals)
+    kernels = np.flatnonzero(is_kernel & (end > start))
+    busy = _union_length(start[kernels], end[kernels])
     return busy / step_time if step_time > 0 else 0.0, breakdown
 
 
-def _waited_for(i: int, ops: list[Op], sched: Schedule, resources: list[str]) -> str:
+def _waited_for(i: int, timeline: Timeline) -> str:
     """What the GPU stream's op i waited for, when it started after the stream went idle."""
+    sched = timeline.schedule
     start = sched.start[i]
-    for d in ops[i].deps:
+    for d in timeline.deps[i]:
         if abs(sched.end[d] - start) < 1e-12:
-            return "wait_cpu" if ops[d].category == CPU else "wait_other"
+            return "wait_cpu" if timeline.ops[d].category == CPU else "wait_other"
     if abs(sched.issue[i] - start) < 1e-12:
         return "wait_host_launch"
     return "wait_other"
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    if not intervals:
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by intervals [starts, ends)."""
+    if len(starts) == 0:
         return 0.0
-    arr = np.array(sorted(intervals))
-    total, cur_s, cur_e = 0.0, arr[0, 0], arr[0, 1]
-    for s, e in arr[1:]:
-        if s > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    return total + cur_e - cur_s
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    holes = s[1:] - e[:-1]
+    return float(e[-1] - s[0] - holes[holes > 0].sum())
 
 
 def render_table(r: StepReport) -> str:
@@ -186,9 +183,9 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
         if e > s:
             events.append({"ph": "X", "name": op.name, "cat": op.category, "pid": 1, "tid": tids[op.resource],
                            "ts": s, "dur": e - s,
-                           "args": {"layer": op.layer, "phase": op.phase, "flops": op.flops, "bytes": op.bytes}})
-        if op.layer >= 0:
-            key = (op.microbatch, op.phase, op.layer)
+                           "args": {"layer": tl.layer[i], "phase": op.phase, "flops": op.flops, "bytes": op.bytes}})
+        if tl.layer[i] >= 0:
+            key = (tl.microbatch[i], op.phase, tl.layer[i])
             span = ranges.setdefault(key, [s, e])
             span[0], span[1] = min(span[0], s), max(span[1], e)
     for (mb, phase, layer), (s, e) in sorted(ranges.items(), key=lambda kv: kv[1][0]):

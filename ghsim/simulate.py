@@ -55,15 +55,16 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     ops = graph.ops
     names = [r.name for r in RESOURCES]
     index = {n: i for i, n in enumerate(names)}
+    issue = {id(o): cost.issue_cost(o, plan.cuda_graphs) for o in ops}  # per distinct op, not per copy
     sched = engine.run(
         RESOURCES,
         [index[o.resource] for o in ops],
         [o.duration for o in ops],
-        [o.deps for o in ops],
-        [cost.issue_cost(o, plan.cuda_graphs) for o in ops],
+        graph.deps,
+        [issue[id(o)] for o in ops],
         [o.host_waits for o in ops],
     )
-    timeline = Timeline(ops, names, sched)
+    timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch)
     step_time = sched.makespan
     utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
     hbm = hbm_peak(ops, static_bytes(model, plan))

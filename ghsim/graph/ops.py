@@ -7,7 +7,8 @@ allocations in issue order (as PyTorch's caching allocator sees them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass
 
 # Kernel categories shared with the trace summarizer (ghsim.traces) so that
 # measured and predicted breakdowns compare key by key.
@@ -62,10 +63,7 @@ class Op:
     host_free: float = 0.0
     mem_tag: str = ""  # what a host/offload allocation is
     hbm_by_tag: dict[str, float] | None = None  # net HBM change by breakdown category
-    # where it sits in the step
-    layer: int = -1
     phase: str = ""  # fwd | bwd | recompute | opt | data | loss
-    microbatch: int = 0
     duration: float = 0.0  # filled by the cost model
 
     def change_hbm(self, tag: str, nbytes: float) -> "Op":
@@ -82,34 +80,47 @@ class Op:
             self.hbm_free -= nbytes
         return self
 
-    def shifted(self, offset: int, **changes) -> "Op":
-        """A copy whose dependency indices are moved by `offset` (for replicated layers)."""
-        return replace(self, deps=tuple(d + offset for d in self.deps), **changes)
 
-
-@dataclass
 class OpGraph:
-    """Ops in issue order. `add` returns the new op's index for later deps."""
+    """Ops in issue order, with their absolute dependencies and place in the step.
 
-    ops: list[Op] = field(default_factory=list)
+    Replicated layers share their template Op objects (copying thousands of ops
+    per step was the simulator's main cost); the graph keeps what differs per
+    copy (dependency indices, layer, micro-batch) in its own lists. Call
+    `own(i)` before changing an op, so the change does not leak into every copy.
+    """
 
-    def add(self, op: Op) -> int:
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.deps: list[tuple[int, ...]] = []
+        self.layer: list[int] = []
+        self.microbatch: list[int] = []
+
+    def add(self, op: Op, layer: int = -1, microbatch: int = 0) -> int:
+        """Append one op whose deps are absolute indices; returns its index."""
         for d in op.deps:
             if not 0 <= d < len(self.ops):
                 raise ValueError(f"op {op.name} depends on {d}, which is not issued before it")
         self.ops.append(op)
+        self.deps.append(op.deps)
+        self.layer.append(layer)
+        self.microbatch.append(microbatch)
         return len(self.ops) - 1
 
-    def extend(self, template: list[Op], **changes) -> tuple[int, int]:
-        """Append a template whose deps index into itself (0-based), with `changes` applied.
-
-        Deps below zero in the template refer to ops before it: -1 is the op
-        just before the template. Returns the [first, last] index appended.
-        """
+    def extend(self, template: list[Op], layer: int = -1, microbatch: int = 0) -> tuple[int, int]:
+        """Append a template whose deps index into itself (0-based); returns [first, last]."""
         base = len(self.ops)
-        for op in template:
-            self.ops.append(op.shifted(base, **changes))
-        return base, len(self.ops) - 1
+        n = len(template)
+        self.ops.extend(template)
+        self.deps.extend(tuple(d + base for d in op.deps) if op.deps else () for op in template)
+        self.layer.extend([layer] * n)
+        self.microbatch.extend([microbatch] * n)
+        return base, base + n - 1
+
+    def own(self, i: int) -> Op:
+        """Op i as an object of its own, safe to change."""
+        self.ops[i] = copy.copy(self.ops[i])
+        return self.ops[i]
 
     def __len__(self) -> int:
         return len(self.ops)

@@ -194,28 +194,29 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
     graph = OpGraph()
     L = model.num_layers
     for mb in range(plan.grad_accum):
+        mb_start = len(graph)
         graph.extend(emb_fwd, microbatch=mb)
         for layer in range(L):
             graph.extend(fwd, layer=layer, microbatch=mb)
         graph.extend(loss_fwd, microbatch=mb)
         if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
-            graph.ops[-1].change_hbm("weight_copies", -cache_bytes * L)
+            graph.own(graph.last).change_hbm("weight_copies", -cache_bytes * L)
         graph.extend(loss_bwd, microbatch=mb)
         for layer in reversed(range(L)):
             graph.extend(bwd, layer=layer, microbatch=mb)
         graph.extend(emb_bwd, microbatch=mb)
         if mb > 0:
-            _accumulate_instead_of_allocating(graph, mb)
+            _accumulate_instead_of_allocating(graph, mb_start)
     graph.extend(optimizer)
     return graph
 
 
-def _accumulate_instead_of_allocating(graph: OpGraph, mb: int) -> None:
-    """Later micro-batches add into the existing .grad: no new gradient memory."""
-    for op in graph.ops:
-        grads = (op.hbm_by_tag or {}).get("grads", 0.0)
-        if op.microbatch == mb and grads > 0:
-            op.change_hbm("grads", -grads)
+def _accumulate_instead_of_allocating(graph: OpGraph, start: int) -> None:
+    """Micro-batches after the first add into the existing .grad: no new gradient memory."""
+    for i in range(start, len(graph)):
+        grads = (graph.ops[i].hbm_by_tag or {}).get("grads", 0.0)
+        if grads > 0:
+            graph.own(i).change_hbm("grads", -grads)
 
 
 def static_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:

@@ -7,6 +7,7 @@ ops, not the order the GPU runs them, so peaks are found in issue order
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,9 +35,12 @@ def hbm_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
         return TierPeak(base, -1, dict(static), after)
     i = int(during.argmax())
     breakdown = dict(static)
-    for op in ops[:i]:
-        for tag, nbytes in (op.hbm_by_tag or {}).items():
-            breakdown[tag] = breakdown.get(tag, 0.0) + nbytes
+    # replicated layers share op objects: sum each distinct op's tags times its count
+    counts = Counter(map(id, ops[:i]))
+    distinct = {id(op): op for op in ops[:i]}
+    for key, n in counts.items():
+        for tag, nbytes in (distinct[key].hbm_by_tag or {}).items():
+            breakdown[tag] = breakdown.get(tag, 0.0) + n * nbytes
     for tag, nbytes in (ops[i].hbm_by_tag or {}).items():
         if nbytes > 0:
             breakdown[tag] = breakdown.get(tag, 0.0) + nbytes
