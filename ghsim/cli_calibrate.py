@@ -1,0 +1,56 @@
+"""`ghsim calibrate`: turn a microbenchmark file measured on a real GPU into a calibration set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ghsim.cost.calibration import CALIBRATION_DIR, calibration_from_dict
+from ghsim.errors import GhsimError
+from ghsim.hardware import load_hardware
+from ghsim.tomlio import read_json
+
+
+@click.command()
+@click.argument("microbench", type=click.Path())
+@click.option("--reference", required=True, help="Profile of the GPU it was measured on (e.g. h100-sxm).")
+@click.option("--name", default=None, help="Calibration name (default: the file's stem).")
+@click.option("--out-dir", type=click.Path(), default=None, help="Where to write (default hardware_profiles/calibration).")
+def calibrate(microbench: str, reference: str, name: str | None, out_dir: str | None) -> None:
+    """Check a microbenchmark JSON, name its reference GPU, and install it as a calibration set."""
+    path = Path(microbench)
+    data = read_json(path)
+    if not isinstance(data, dict) or "meta" not in data:
+        raise GhsimError(f"{path}: not a microbenchmark file (no 'meta'; see docs/formats.md)")
+    ref = load_hardware(reference)
+    data["meta"]["reference_profile"] = reference
+    data["meta"]["calibrated_from"] = str(path)
+    cal = calibration_from_dict(data, ref, str(path))  # raises on anything malformed
+    target = Path(out_dir) if out_dir else CALIBRATION_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    out = target / f"{name or path.stem}.json"
+    out.write_text(json.dumps(data, indent=1))
+    click.echo(f"wrote {out} (reference {reference}: {ref.gpu_model})")
+    click.echo(summary(cal))
+
+
+def summary(cal) -> str:
+    """The measured efficiencies, as a short table."""
+    lines = ["GEMM efficiency vs datasheet peak      min    median    max   points"]
+    for dtype, table in sorted(cal.gemm.items()):
+        v = table.values
+        lines.append(f"  {dtype:<34}{v.min():6.2f}  {np.median(v):7.2f}  {v.max():6.2f}  {len(v):6d}")
+    for which, table in (("attention fwd", cal.attention_fwd), ("attention bwd", cal.attention_bwd)):
+        v = table.values
+        lines.append(f"  {which:<34}{v.min():6.2f}  {np.median(v):7.2f}  {v.max():6.2f}  {len(v):6d}")
+    lines.append("memory-bound ops: fixed time, achieved bandwidth (fraction of datasheet HBM)")
+    for op, fit in sorted(cal.membound.items()):
+        lines.append(f"  {op:<24}{fit.fixed_s * 1e6:8.1f} us  {fit.rate / 1e9:8.0f} GB/s  ({fit.rate / cal.ref_hbm_Bps:4.2f})")
+    for impl, fit in sorted(cal.optimizer_gpu.items()):
+        lines.append(f"GPU AdamW {impl:<8} {fit.rate / 1e9:6.1f} G params/s")
+    lines.append(f"CPU AdamW  {cal.optimizer_cpu_params_per_s / 1e9:6.2f} G params/s on {cal.optimizer_cpu_threads} threads")
+    lines.append(f"eager op on the host {cal.eager_op_s * 1e6:.1f} us; kernel in a CUDA graph {cal.cuda_graph_kernel_s * 1e6:.1f} us")
+    return "\n".join(lines)
