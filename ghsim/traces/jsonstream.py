@@ -13,6 +13,7 @@ strings they keep with `utf8()`.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from typing import BinaryIO, Iterator
 
@@ -20,7 +21,9 @@ from ghsim.errors import GhsimError
 
 CHUNK_BYTES = 1 << 22          # 4 MiB of text per read
 MAX_VALUE_BYTES = 64 << 20     # one element larger than this is not a trace event
+_LOW_WATER = 1 << 16           # refill when less text than this is left
 _WS = " \t\n\r"
+_SEPARATOR = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 
 
 def utf8(text: str) -> str:
@@ -38,8 +41,8 @@ class JsonStream:
     ("element", key, value) for each element of the arrays named in
     `stream_keys` (key None when the document itself is an array)."""
 
-    def __init__(self, raw: BinaryIO, source: str, stream_keys=("traceEvents",), chunk: int = CHUNK_BYTES):
-        self.raw, self.source, self.chunk = raw, source, chunk
+    def __init__(self, raw: BinaryIO, source: str, stream_keys=("traceEvents",), chunk: int | None = None):
+        self.raw, self.source, self.chunk = raw, source, chunk or CHUNK_BYTES
         self.stream_keys = set(stream_keys)
         self.buf, self.pos, self.base, self.eof = "", 0, 0, False
         # Floats stay text so the caller can convert microseconds to exact nanoseconds.
@@ -132,11 +135,29 @@ class JsonStream:
         if self._peek() == "]":
             self.pos += 1
             return
+        scan, sep = self._scan, _SEPARATOR.match
         while True:
+            # Fast path: a whole element and the separator after it are in the buffer.
+            if len(self.buf) - self.pos < _LOW_WATER and not self.eof:
+                self._fill()  # top up before a chunk boundary can split an element
+            buf, pos = self.buf, self.pos
+            try:
+                value, end = scan(buf, pos)
+                m = sep(buf, end)
+            except (StopIteration, json.JSONDecodeError, RecursionError):
+                m = None
+            if m is not None and m.end() < len(buf):
+                self.pos = m.end()
+                yield "element", key, value
+                if m.group(1) == "]":
+                    return
+                continue
+            # Slow path: refill the buffer, or report what is wrong and where.
             yield "element", key, self._value()
             got = self._peek()
             if got == ",":
                 self.pos += 1
+                self._peek()
             elif got == "]":
                 self.pos += 1
                 return

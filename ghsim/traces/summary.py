@@ -257,12 +257,12 @@ def _busy_by_device(kernels: pd.DataFrame, window: Window) -> dict[int, float]:
 def _idle_gaps(kernels: pd.DataFrame, window: Window) -> IdleGaps:
     start = kernels["start_ns"].to_numpy()
     bs, be = iv.merge(start, start + kernels["dur_ns"].to_numpy())
-    g = iv.gaps(bs, be, window.pieces).astype(np.float64) / NS_PER_S
+    g = iv.gaps(bs, be, window.pieces)  # int ns, summed exactly before converting
     bins = []
     for lo, hi in zip(GAP_BIN_EDGES_S[:-1], GAP_BIN_EDGES_S[1:]):
-        sel = g[(g >= lo) & (g < hi)]
-        bins.append(GapBin(lo, hi, int(len(sel)), float(sel.sum())))
-    return IdleGaps(int(len(g)), float(g.sum()), float(g.max()) if len(g) else 0.0, tuple(bins))
+        sel = g[(g >= lo * NS_PER_S) & (g < hi * NS_PER_S)]
+        bins.append(GapBin(lo, hi, int(len(sel)), int(sel.sum()) / NS_PER_S))
+    return IdleGaps(int(len(g)), int(g.sum()) / NS_PER_S, int(g.max()) / NS_PER_S if len(g) else 0.0, tuple(bins))
 
 
 def _stat(rows: pd.DataFrame) -> CopyStat:
