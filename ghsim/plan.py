@@ -43,7 +43,7 @@ class Framework(str, Enum):
 
 
 OFFLOAD_TARGETS = ("optimizer", "grads", "params", "activations")
-OPTIMIZER_IMPLS = ("foreach", "fused")
+OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ _INT_FIELDS = {
 
 
 def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
-    known = {f.name for f in fields(Plan)} | {"grad_accum"}
+    known = {f.name for f in fields(Plan)} | {"grad_accum", "optimizer"}
     unknown = set(d) - known
     if unknown:
         raise GhsimError(f"{where}: unknown plan field(s) {', '.join(sorted(unknown))}")
@@ -186,6 +186,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = float(value)
         elif key == "optimizer_impl":
             kw[key] = str(value)
+        elif key == "optimizer" and value != "adamw":
+            raise GhsimError(f"{where}: only the AdamW optimizer is modeled, got {value!r}")
     plan = Plan(**kw)
     if "grad_accum" in d and "global_batch" not in d:
         ga = d["grad_accum"]

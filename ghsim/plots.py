@@ -53,3 +53,33 @@ def plot_step(report: StepReport, path: str) -> None:
         raise GhsimError(f"{path}: cannot write: {e}") from None
     finally:
         plt.close(fig)
+
+
+def plot_validation(results, path: str) -> None:
+    """Predicted vs measured step time and peak memory, one point per simulated case."""
+    ran = [r for r in results if r.status != "skipped"]
+    if not ran:
+        raise GhsimError("no simulated cases to plot")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for ax, key, scale, unit in ((axes[0], "step_time_s", 1e3, "ms"), (axes[1], "peak_memory_bytes", 1e-9, "GB")):
+        m = [r.measured[key] * scale for r in ran]
+        p = [r.predicted[key] * scale for r in ran]
+        colors = ["tab:red" if r.status == "fail" else "tab:blue" for r in ran]
+        ax.scatter(m, p, c=colors)
+        lo, hi = min(m + p) * 0.8, max(m + p) * 1.2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="gray", alpha=0.15, label="±10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+        ax.set_title(key.replace("_", " "))
+        ax.legend(fontsize=8)
+    fig.suptitle("ghsim vs measured cases (red: outside tolerance)")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise GhsimError(f"{path}: cannot write: {e}") from None
+    finally:
+        plt.close(fig)

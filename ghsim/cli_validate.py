@@ -1,0 +1,33 @@
+"""`ghsim validate`: simulate every measured case and fail when an error exceeds its tolerance."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("folder", type=click.Path(), default="validation")
+@click.option("--json", "as_json", is_flag=True, help="Print {cases: [...], summary: {...}}.")
+@click.option("--plot", "plot_file", type=click.Path(), default=None, help="Predicted vs measured, as a PNG.")
+@click.option("--no-trace", is_flag=True, help="Skip reading the traces (no kernel-share check).")
+@click.option("--case", "only", default=None, help="Only cases whose folder name contains this.")
+def validate(folder: str, as_json: bool, plot_file: str | None, no_trace: bool, only: str | None) -> None:
+    """Compare predictions with every measured case in FOLDER (default: validation)."""
+    from ghsim.validate import render, summary
+    from ghsim.validate import validate as run_validation
+
+    results = run_validation(Path(folder), with_trace=not no_trace, only=only)
+    if plot_file:
+        from ghsim.plots import plot_validation
+
+        plot_validation(results, plot_file)
+    if as_json:
+        click.echo(json.dumps({"cases": [r.to_dict() for r in results], "summary": summary(results)}, indent=2))
+    else:
+        click.echo(render(results))
+    if any(r.status == "fail" for r in results):
+        sys.exit(1)

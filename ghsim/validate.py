@@ -1,0 +1,215 @@
+"""Hold predictions against measured training steps: validation/cases/*/case.toml.
+
+Each case names its hardware, model and plan and records what was measured
+(step time, peak allocated HBM, kernel-busy fraction, and a profiler trace from
+which kernel time by category is read with ghsim's own importer). validate()
+simulates every case and reports the errors; a case whose plan this build does
+not model is reported as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ghsim.cost.calibration import load_calibration
+from ghsim.errors import GhsimError
+from ghsim.graph.ops import KERNEL_CATEGORIES
+from ghsim.hardware import apply_overrides, hardware_from_dict, load_hardware
+from ghsim.model import load_model, model_from_dict
+from ghsim.plan import Plan, plan_from_dict
+from ghsim.tomlio import read_toml
+
+DEFAULT_TOLERANCES = {
+    "step_time_rel": 0.25,  # issue 3: worst case at most 25%
+    "peak_memory_rel": 0.10,
+    "utilization_abs": 0.07,
+    "kernel_share_abs": 0.10,  # largest per-category share difference
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    folder: Path
+    description: str
+    hardware_name: str
+    hardware_overrides: dict[str, Any]
+    model_table: dict[str, Any]
+    plan: Plan
+    measured: dict[str, Any]
+    tolerance: dict[str, float]
+    trace: Path | None
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    status: str  # ok | fail | skipped
+    reason: str = ""
+    measured: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.case.name, "status": self.status, "reason": self.reason,
+                "hardware": self.case.hardware_name, "plan": self.case.plan.flags(),
+                "measured": self.measured, "predicted": self.predicted, "errors": self.errors,
+                "tolerance": self.case.tolerance, "failed": self.failed}
+
+
+def load_tolerances(root: Path) -> dict[str, float]:
+    path = root / "tolerances.toml"
+    tol = dict(DEFAULT_TOLERANCES)
+    if path.exists():
+        d = read_toml(path)
+        for k, v in d.get("tolerance", d).items():
+            if k not in DEFAULT_TOLERANCES or isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise GhsimError(f"{path}: unknown or non-numeric tolerance '{k}'")
+            tol[k] = float(v)
+    return tol
+
+
+def load_case(folder: Path, defaults: dict[str, float]) -> Case:
+    path = folder / "case.toml"
+    d = read_toml(path)
+    where = str(path)
+    for section in ("case", "model", "plan", "measured"):
+        if not isinstance(d.get(section), dict):
+            raise GhsimError(f"{where}: missing table [{section}]")
+    c, measured = d["case"], d["measured"]
+    for key in ("name", "hardware"):
+        if key not in c:
+            raise GhsimError(f"{where}: [case] lacks '{key}'")
+    for key in ("step_time_s", "peak_allocated_bytes"):
+        v = measured.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise GhsimError(f"{where}: [measured] '{key}' must be a positive number")
+    tol = dict(defaults)
+    tol.update({k: float(v) for k, v in d.get("tolerance", {}).items()})
+    trace = folder / c["trace"] if c.get("trace") else None
+    if trace is not None and not trace.exists():
+        raise GhsimError(f"{where}: trace file {c['trace']} is missing")
+    return Case(name=str(c["name"]), folder=folder, description=str(c.get("description", "")),
+                hardware_name=str(c["hardware"]), hardware_overrides=dict(d.get("hardware_overrides", {})),
+                model_table=d["model"], plan=plan_from_dict(d["plan"], f"{where} [plan]"), measured=measured,
+                tolerance=tol, trace=trace)
+
+
+def find_cases(root: Path) -> list[Path]:
+    if (root / "case.toml").exists():
+        return [root]
+    base = root / "cases" if (root / "cases").is_dir() else root
+    if not base.is_dir():
+        raise GhsimError(f"{root}: no such validation folder")
+    return sorted(p.parent for p in base.glob("*/case.toml"))
+
+
+def measured_kernel_shares(trace: Path) -> tuple[dict[str, float], float | None]:
+    """Kernel time share by category, and the busy fraction, from the case's own trace."""
+    from ghsim.traces import load_trace, summarize
+
+    s = summarize(load_trace(trace))
+    return dict(s.kernel_share_by_category), s.gpu_busy_fraction
+
+
+def case_hardware(case: Case):
+    """The case's profile, with the measuring machine's differences applied.
+
+    The lent machines' host CPU optimizer rate is the one measured on them
+    (the calibration's optimizer_cpu row), not the profile's whole-node figure.
+    """
+    base = load_hardware(case.hardware_name)
+    overrides = dict(case.hardware_overrides)
+    cal = load_calibration(base.calibration)
+    if cal.optimizer_cpu_params_per_s and "cpu.adamw_params_per_s" not in overrides:
+        overrides["cpu.adamw_params_per_s"] = {
+            "value": cal.optimizer_cpu_params_per_s,
+            "source": f"measured on the lent machine: {cal.source} optimizer_cpu",
+        }
+    return hardware_from_dict(apply_overrides(base.raw, overrides, str(case.folder / "case.toml")),
+                              base.source_file)
+
+
+def run_case(case: Case, with_trace: bool = True) -> CaseResult:
+    from ghsim.simulate import simulate
+
+    model = (load_model(case.model_table["name"]) if set(case.model_table) == {"name"}
+             else model_from_dict(case.model_table, str(case.folder / "case.toml"), case.name))
+    hw = case_hardware(case)
+    measured = {"step_time_s": float(case.measured["step_time_s"]),
+                "peak_memory_bytes": float(case.measured["peak_allocated_bytes"])}
+    if case.measured.get("gpu_utilization"):
+        measured["gpu_utilization"] = float(case.measured["gpu_utilization"])
+    try:
+        report = simulate(model, hw, case.plan)
+    except GhsimError as e:
+        return CaseResult(case, "skipped", str(e), measured)
+    predicted = {"step_time_s": report.step_time_s, "peak_memory_bytes": report.hbm.peak_bytes,
+                 "gpu_utilization": report.gpu_utilization}
+    errors = {"step_time_rel": report.step_time_s / measured["step_time_s"] - 1,
+              "peak_memory_rel": report.hbm.peak_bytes / measured["peak_memory_bytes"] - 1}
+    if "gpu_utilization" in measured:
+        errors["utilization_abs"] = report.gpu_utilization - measured["gpu_utilization"]
+    if with_trace and case.trace is not None:
+        shares, _ = measured_kernel_shares(case.trace)
+        kernel_time = sum(report.time_breakdown_s[c] for c in KERNEL_CATEGORIES)
+        pred_shares = {c: report.time_breakdown_s[c] / kernel_time for c in KERNEL_CATEGORIES}
+        for c in KERNEL_CATEGORIES:
+            measured[f"share_{c}"] = shares.get(c, 0.0)
+            predicted[f"share_{c}"] = pred_shares[c]
+        errors["kernel_share_abs"] = max(abs(pred_shares[c] - shares.get(c, 0.0)) for c in KERNEL_CATEGORIES)
+    failed = [k for k, v in errors.items() if abs(v) > case.tolerance.get(k, float("inf"))]
+    return CaseResult(case, "fail" if failed else "ok", "", measured, predicted, errors, failed)
+
+
+def validate(root: Path, with_trace: bool = True, only: str | None = None) -> list[CaseResult]:
+    defaults = load_tolerances(root if (root / "cases").is_dir() else root.parent)
+    folders = find_cases(root)
+    if only:
+        folders = [f for f in folders if only in f.name]
+    if not folders:
+        raise GhsimError(f"{root}: no cases (folders with case.toml)")
+    return [run_case(load_case(f, defaults), with_trace) for f in folders]
+
+
+def summary(results: list[CaseResult]) -> dict[str, Any]:
+    import numpy as np
+
+    ran = [r for r in results if r.status != "skipped"]
+    out: dict[str, Any] = {"cases": len(results), "simulated": len(ran),
+                           "skipped": len(results) - len(ran), "failed": sum(r.status == "fail" for r in results)}
+    for key in ("step_time_rel", "peak_memory_rel", "utilization_abs", "kernel_share_abs"):
+        vals = np.array([abs(r.errors[key]) for r in ran if key in r.errors])
+        if len(vals):
+            out[key] = {"median": float(np.median(vals)), "max": float(vals.max()), "n": int(len(vals))}
+    return out
+
+
+def render(results: list[CaseResult]) -> str:
+    head = (f"{'case':<44} {'step ms meas/pred':>19} {'err':>7} {'peak GB meas/pred':>19} {'err':>7}"
+            f" {'util meas/pred':>15} {'share':>6}  status")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        m, p, e = r.measured, r.predicted, r.errors
+        if r.status == "skipped":
+            lines.append(f"{r.case.name:<44} {m['step_time_s'] * 1e3:8.1f} /      -          -  skipped: {r.reason}")
+            continue
+        util = (f"{m['gpu_utilization']:.2f}/{p['gpu_utilization']:.2f}" if "gpu_utilization" in m
+                else f"   -/{p['gpu_utilization']:.2f}")
+        share = f"{e['kernel_share_abs']:.2f}" if "kernel_share_abs" in e else "-"
+        status = "ok" if r.status == "ok" else "FAIL " + ",".join(r.failed)
+        lines.append(
+            f"{r.case.name:<44} {m['step_time_s'] * 1e3:8.1f}/{p['step_time_s'] * 1e3:8.1f}  {e['step_time_rel']:+6.1%}"
+            f" {m['peak_memory_bytes'] / 1e9:8.2f}/{p['peak_memory_bytes'] / 1e9:8.2f}  {e['peak_memory_rel']:+6.1%}"
+            f" {util:>15} {share:>6}  {status}")
+    s = summary(results)
+    lines.append("")
+    for key, label in (("step_time_rel", "step time"), ("peak_memory_rel", "peak memory"),
+                       ("utilization_abs", "utilization (abs)"), ("kernel_share_abs", "kernel share (abs)")):
+        if key in s:
+            lines.append(f"{label:<20} median |error| {s[key]['median']:.3f}   max {s[key]['max']:.3f}   over {s[key]['n']} cases")
+    lines.append(f"{s['simulated']} of {s['cases']} cases simulated, {s['skipped']} skipped, {s['failed']} outside tolerance")
+    return "\n".join(lines)
