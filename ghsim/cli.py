@@ -58,7 +58,8 @@ def plan_options(f: Callable) -> Callable:
         click.option("--ep", type=int, default=None),
         click.option("--lora-rank", type=int, default=None),
         click.option("--cuda-graphs", is_flag=True, default=None, help="Replay the step as CUDA graphs (cheap launches)."),
-        click.option("--dataloader-workers", type=int, default=None),
+        click.option("--dataloader-workers", type=int, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
+        click.option("--batch-prep-ms", type=float, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
         click.option("--optimizer-impl", type=click.Choice(["foreach", "fused"]), default=None),
         click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed"]), default=None),
         click.option("--plan", "plan_file", type=click.Path(), default=None, help="plan.toml (flags override it)."),
@@ -74,7 +75,7 @@ _FLAG_TO_FIELD = {
     "global_batch": "global_batch", "zero": "zero", "precision": "precision", "recompute": "recompute",
     "offload": "offload", "offload_ratio": "offload_ratio", "unified_memory": "unified_memory", "tp": "tp",
     "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "cuda_graphs": "cuda_graphs",
-    "dataloader_workers": "dataloader_workers", "optimizer_impl": "optimizer_impl", "framework": "framework",
+    "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
 }
 
 
@@ -92,7 +93,7 @@ def plan_from_flags(kw: dict[str, Any]):
         base.update(plan_dict_from_ds_config(Path(kw["ds_file"]), gpus=kw.get("gpus")))
     for flag, field_name in _FLAG_TO_FIELD.items():
         if kw.get(flag) is not None:
-            base[field_name] = kw[flag]
+            base[field_name] = kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
     return plan_from_dict(base, "plan")
 
 

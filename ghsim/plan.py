@@ -65,6 +65,7 @@ class Plan:
     lora_rank: int = 0
     cuda_graphs: bool = False
     dataloader_workers: int = 2
+    batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
     optimizer_impl: str = "foreach"
     framework: Framework = Framework.TORCH_AMP
 
@@ -126,6 +127,8 @@ class Plan:
             parts.append(f"--lora-rank {self.lora_rank}")
         if self.cuda_graphs:
             parts.append("--cuda-graphs")
+        if self.batch_prep_s:
+            parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")
         return " ".join(parts)
 
 
@@ -180,9 +183,9 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
-        elif key == "offload_ratio":
+        elif key in ("offload_ratio", "batch_prep_s"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise GhsimError(f"{where}: 'offload_ratio' must be a number")
+                raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
         elif key == "optimizer_impl":
             kw[key] = str(value)
@@ -220,6 +223,8 @@ def check_plan(plan: Plan) -> None:
             f"--global-batch {plan.global_batch} is not a multiple of data-parallel ranks x micro-batch "
             f"= {plan.dp} x {plan.micro_batch}"
         )
+    if plan.batch_prep_s < 0:
+        raise GhsimError(f"batch preparation time must not be negative, got {plan.batch_prep_s}")
     if not 0.0 <= plan.offload_ratio <= 1.0:
         raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
     if plan.optimizer_impl not in OPTIMIZER_IMPLS:

@@ -53,11 +53,12 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     cost = CostModel(hw, calibration or load_calibration(hw.calibration))
     graph = build_step(model, plan, price=cost.duration)
     ops = graph.ops
-    names = [r.name for r in RESOURCES]
+    resources = RESOURCES + (engine.Resource("loader"),)  # data-loader pool, releasing batches at its rate
+    names = [r.name for r in resources]
     index = {n: i for i, n in enumerate(names)}
     issue = {id(o): cost.issue_cost(o, plan.cuda_graphs) for o in ops}  # per distinct op, not per copy
     sched = engine.run(
-        RESOURCES,
+        resources,
         [index[o.resource] for o in ops],
         [o.duration for o in ops],
         graph.deps,

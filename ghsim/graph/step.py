@@ -188,13 +188,17 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
     loss_fwd, loss_bwd = _loss_ops(model, plan)
     emb_fwd, emb_bwd = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
     optimizer = _optimizer_ops(model, plan, param_counts(model, plan))
-    for template in (fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd, optimizer):
+    data = _input_ops(plan)
+    for template in (data, fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd, optimizer):
         for op in template:
             op.duration = price(op)
     graph = OpGraph()
     L = model.num_layers
     for mb in range(plan.grad_accum):
         mb_start = len(graph)
+        graph.extend(data, microbatch=mb)
+        if data and mb == 0 and plan.dataloader_workers:  # prefetched during the previous step
+            graph.own(mb_start).duration = 0.0
         graph.extend(emb_fwd, microbatch=mb)
         for layer in range(L):
             graph.extend(fwd, layer=layer, microbatch=mb)
@@ -209,6 +213,28 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
             _accumulate_instead_of_allocating(graph, mb_start)
     graph.extend(optimizer)
     return graph
+
+
+def _input_ops(plan: Plan) -> list[Op]:
+    """Preparing a micro-batch on the host and copying its token ids to the GPU.
+
+    With 0 workers the training process prepares each batch itself, so the
+    host (and then the GPU) waits for it. With N workers, in steady state the
+    pool delivers a batch every prep/N seconds, prefetching while the step
+    runs: resource "loader" releases batches at that rate, the first one ready
+    when the step starts (build_step zeroes it). No ops when the plan has no
+    host-side preparation cost (synthetic batches already on the GPU).
+    """
+    if plan.batch_prep_s <= 0:
+        return []
+    token_bytes = 2 * plan.micro_batch * plan.seq * 8  # input ids and labels, int64
+    in_process = plan.dataloader_workers == 0
+    per_batch = plan.batch_prep_s / max(1, plan.dataloader_workers)
+    prep = Op(name="dataloader.batch", category=K.CPU, kind=K.HOST_WORK, resource="cpu" if in_process else "loader",
+              seconds=per_batch, host_waits=in_process, kernels=0, phase="data")
+    copy = Op(name="batch.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=token_bytes, deps=(0,),
+              kernels=0, phase="data")
+    return [prep, copy]
 
 
 def _accumulate_instead_of_allocating(graph: OpGraph, start: int) -> None:
