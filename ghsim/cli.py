@@ -183,6 +183,41 @@ def _register_optional_commands() -> None:
             raise
         if hasattr(mod, attr):
             main.add_command(getattr(mod, attr))
+    _add_trace_command()
+
+
+def _add_trace_command() -> None:
+    """`ghsim trace command`: capture exactly the steps that matter (needs the simulator, so it lives here)."""
+    trace_group = main.commands.get("trace")
+    if trace_group is None:
+        return
+
+    @trace_group.command("command")
+    @plan_options
+    @click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True)
+    @click.option("--steps", required=True, metavar="A-B", help="Steps to capture, 0-based (e.g. 10-12).")
+    @click.option("--startup-s", type=float, default=60.0, show_default=True,
+                  help="Seconds from launch to the first step (model build, data, compile).")
+    @click.option("--output", default="ghsim_capture", show_default=True, help="Report name.")
+    @click.option("--program", default="python train.py", show_default=True, help="The training command.")
+    def trace_command(hardware_name: str, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
+        """Print the nsys command and PyTorch profiler schedule that capture steps A-B."""
+        from ghsim.hardware import load_hardware
+        from ghsim.model import load_model
+        from ghsim.simulate import simulate as run_simulation
+        from ghsim.trace_capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
+
+        report = run_simulation(load_model(kw["model_name"]), load_hardware(hardware_name), plan_from_flags(kw),
+                                keep_timeline=False)
+        w = capture_window(steps, report.step_time_s, startup_s)
+        click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
+                   f"about {startup_s + w.first_step * report.step_time_s:.1f} s after launch")
+        click.echo("# timed from the prediction (one step of margin each side):")
+        click.echo(nsys_command(w, output, program))
+        click.echo("# exact, if the script calls torch.cuda.profiler.start()/stop() around those steps:")
+        click.echo(nsys_range_command(output, program))
+        click.echo("# PyTorch profiler for the same steps:")
+        click.echo(torch_profiler_snippet(w, output + "_torch"))
 
 
 _register_optional_commands()
