@@ -80,7 +80,23 @@ def h200_cases():
           micro_batch=4, mode="fsdp", fsdp_cpu_offload=True, zero=3, offload=["params", "grads", "optimizer"], framework="fsdp-mixed", optimizer_impl="cpu", precision="bf16"),
         C("h200-llama2-7b-lora16-bf16-mb1-s4096", LLAMA2_7B, hw, "mirror of h100-llama2-7b-lora16-bf16-mb1-s4096", micro_batch=1, seq=4096, lora_rank=16),
         C("h200-llama370m-tf32-mb2-s2048", LLAMA_350M, hw, "mirror of h100-llama370m-tf32-mb2-s2048", micro_batch=2, precision="tf32"),
+        C("h200-llama1b-bf16-mb4-s2048-optoffload", L, hw, "mirror of h100-llama1b-bf16-mb4-s2048-optoffload", micro_batch=4, offload=["optimizer", "grads"], optimizer_impl="cpu"),
+        C("h200-llama1b-bf16-mb2-s2048-actoffload", L, hw, "mirror of h100-llama1b-bf16-mb2-s2048-actoffload", micro_batch=2, offload=["activations"]),
+        C("h200-llama1b-bf16-mb4-s2048-full", L, hw, "mirror of h100-llama1b-bf16-mb4-s2048-full", micro_batch=4, recompute="full"),
     ]
+
+
+TWO_STEP_TRACES = {"h200-llama1b-bf16-mb4-s2048", "h200-llama1b-fp8-mb4-s2048", "h200-llama2-7b-lora16-bf16-mb1-s4096"}
+
+
+def _one_step_traces(lst):
+    """Keep validation/ small: large-model / mirror cases on H200 profile 1 step."""
+    for s in lst:
+        if s["name"] not in TWO_STEP_TRACES:
+            s["profile_active"] = 1
+        if s.get("fallback"):
+            s["fallback"]["profile_active"] = 1
+    return lst
 
 
 def h200x2_cases():
@@ -92,7 +108,8 @@ def h200x2_cases():
     ]
 
 
-MACHINES = {"h100": h100_cases, "h200": h200_cases, "h200x2": h200x2_cases}
+MACHINES = {"h100": h100_cases, "h200": lambda: _one_step_traces(h200_cases()),
+            "h200x2": lambda: _one_step_traces(h200x2_cases())}
 
 
 def run_one(spec, out, tiny, deadline, log):

@@ -162,6 +162,17 @@ def kernel_utilization(trace_path: Path) -> dict:
     }
 
 
+def slim_trace(path: Path):
+    """Drop flow (arrow) events (cat ac2g / fwdbwd, ph s/f) to keep traces small; rewrite gzip."""
+    with gzip.open(path, "rt") as f:
+        tr = json.load(f)
+    ev = tr["traceEvents"]
+    tr["traceEvents"] = [e for e in ev if e.get("cat") not in ("ac2g", "fwdbwd") and e.get("ph") not in ("s", "f")]
+    tr["ghsim_note"] = "flow events (ac2g, fwdbwd) removed by validation/harness/train_step.py slim_trace"
+    with gzip.open(path, "wt", compresslevel=9) as f:
+        json.dump(tr, f, separators=(",", ":"))
+
+
 def _memcpy_bytes(mem):
     out = {}
     for e in mem:
@@ -361,6 +372,7 @@ class Runner:
                     prof.step()
             if self.rank == 0:
                 prof.export_chrome_trace(str(trace_path))
+                slim_trace(trace_path)
                 if trace_path.stat().st_size > 8e6:
                     self.extra["trace_note"] = f"trace {trace_path.stat().st_size} B > 8 MB"
                 util = kernel_utilization(trace_path)
