@@ -105,6 +105,8 @@ class JsonStream:
                 err_at, why = e.pos, e.msg
             except RecursionError:
                 raise self._invalid(self.pos, "nested too deeply") from None
+            except ValueError as e:  # e.g. an integer literal of thousands of digits
+                raise self._invalid(self.pos, str(e).split(";")[0]) from None
             else:
                 # A number that ends exactly at the end of the buffer may continue in the next chunk.
                 if end < len(self.buf) or not self._fill():
@@ -144,7 +146,7 @@ class JsonStream:
             try:
                 value, end = scan(buf, pos)
                 m = sep(buf, end)
-            except (StopIteration, json.JSONDecodeError, RecursionError):
+            except (StopIteration, ValueError, RecursionError):  # JSONDecodeError is a ValueError
                 m = None
             if m is not None and m.end() < len(buf):
                 self.pos = m.end()
