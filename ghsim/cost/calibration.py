@@ -124,11 +124,13 @@ def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) 
     peaks = reference.peak_flops
     try:
         meta = d["meta"]
+        # one fit per op over all dtypes, and one per (op, dtype) as "op:dtype"
         membound_rows: dict[str, tuple[list[float], list[float]]] = {}
         for r in d["memory_bound"]:
-            a, t = membound_rows.setdefault(r["op"], ([], []))
-            a.append(r["bytes_moved"])
-            t.append(r["time_s"])
+            for key in (r["op"], f"{r['op']}:{r.get('dtype', '')}"):
+                a, t = membound_rows.setdefault(key, ([], []))
+                a.append(r["bytes_moved"])
+                t.append(r["time_s"])
         membound = {op: fit_linear(a, t, f"{where} memory_bound/{op}") for op, (a, t) in membound_rows.items()}
         copies = [r for r in d["memory_bound"] if r["op"] == "copy"]
         opt_rows: dict[str, tuple[list[float], list[float]]] = {}
