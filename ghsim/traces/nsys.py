@@ -80,6 +80,18 @@ class _Db:
     def rows(self, sql: str, params=()) -> list[tuple]:
         return self.conn.execute(sql, params).fetchall()
 
+    def int_columns(self, table: str, exprs: list[str], order: str = "start") -> list[np.ndarray]:
+        """Integer columns of a table as int64 arrays, read in batches (no list of row tuples)."""
+        cursor = self.conn.execute(f"SELECT {', '.join(exprs)} FROM [{table}] ORDER BY {order}")
+        batches = []
+        while True:
+            rows = cursor.fetchmany(200_000)
+            if not rows:
+                break
+            batches.append(np.array(rows, dtype=np.int64).reshape(len(rows), len(exprs)))
+        block = np.concatenate(batches) if batches else np.zeros((0, len(exprs)), np.int64)
+        return [block[:, i] for i in range(len(exprs))]
+
     def strings(self, ids) -> dict[int, str]:
         """StringIds lookups for just the ids in use."""
         ids = [int(i) for i in ids if i is not None]
@@ -98,8 +110,9 @@ class _Db:
         return {int(i): str(n) for i, n in self.rows(f"SELECT id, name FROM [{table}]") if i is not None and n is not None}
 
 
-def _array(rows: list[tuple], col: int, dtype, fill=0) -> np.ndarray:
-    return np.fromiter((fill if r[col] is None else r[col] for r in rows), dtype=dtype, count=len(rows))
+def _or(column: str | None, fallback: int) -> str:
+    """SQL for a column with NULLs (or a missing column) replaced by a constant."""
+    return f"COALESCE({column}, {fallback})" if column else str(fallback)
 
 
 def _interned(db: _Db, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -112,22 +125,17 @@ def _interned(db: _Db, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
 
 
 def _read_kernels(db: _Db, table: str) -> pd.DataFrame:
-    name_col = db.pick(table, "demangledName", "shortName", "mangledName", "name")
-    short_col = db.pick(table, "shortName")
     for col in ("start", "end"):
         if col not in db.columns(table):
             raise GhsimError(f"{db.path}: unknown schema: {table} has no '{col}' column")
-    device = db.pick(table, "deviceId", "device") or "0"
-    stream = db.pick(table, "streamId", "stream") or "0"
-    name = name_col or "0"
-    short = short_col or name
-    rows = db.rows(f"SELECT start, end, {device}, {stream}, {name}, {short} FROM [{table}] ORDER BY start")
-    start = _array(rows, 0, np.int64)
-    dur = np.maximum(_array(rows, 1, np.int64) - start, 0)
-    codes, names = _interned(db, _array(rows, 4, np.int64))
-    short_codes, short_names = _interned(db, _array(rows, 5, np.int64))
-    df = ev.make_kernels(codes, start, dur, _array(rows, 2, np.int64), _array(rows, 3, np.int64),
-                         name_categories=names)
+    name_col = db.pick(table, "demangledName", "shortName", "mangledName", "name")
+    short_col = db.pick(table, "shortName") or name_col
+    start, end, device, stream, name_ids, short_ids = db.int_columns(table, [
+        "start", "COALESCE(end, start)", _or(db.pick(table, "deviceId", "device"), 0),
+        _or(db.pick(table, "streamId", "stream"), 0), _or(name_col, 0), _or(short_col, 0)])
+    codes, names = _interned(db, name_ids)
+    short_codes, short_names = _interned(db, short_ids)
+    df = ev.make_kernels(codes, start, np.maximum(end - start, 0), device, stream, name_categories=names)
     df["short_name"] = pd.Categorical.from_codes(short_codes, categories=pd.Index(short_names, dtype=object))
     return df
 
@@ -156,34 +164,26 @@ def _read_memcpys(db: _Db) -> pd.DataFrame:
     bytes_col = db.pick(table, "bytes", "size")
     if kind_col is None or bytes_col is None or not {"start", "end"} <= db.columns(table):
         raise GhsimError(f"{db.path}: unknown schema: {table} lacks start/end/bytes/copyKind columns")
-    device = db.pick(table, "deviceId", "device") or "0"
-    stream = db.pick(table, "streamId", "stream") or "0"
-    src = db.pick(table, "srcKind") or "NULL"
-    dst = db.pick(table, "dstKind") or "NULL"
-    rows = db.rows(f"SELECT start, end, {device}, {stream}, {bytes_col}, {kind_col}, {src}, {dst} "
-                   f"FROM [{table}] ORDER BY start")
-    kinds, mems = _copy_kind_map(db), _mem_kind_map(db)
-    kind = [kinds.get(r[5], "other") for r in rows]
+    start, end, device, stream, nbytes, kind_ids, src, dst = db.int_columns(table, [
+        "start", "COALESCE(end, start)", _or(db.pick(table, "deviceId", "device"), 0),
+        _or(db.pick(table, "streamId", "stream"), 0), _or(bytes_col, 0), _or(kind_col, 0),
+        _or(db.pick(table, "srcKind"), -1), _or(db.pick(table, "dstKind"), -1)])
+    kind = pd.Series(kind_ids).map(_copy_kind_map(db)).fillna("other").to_numpy(dtype=object)
     # The host side of a copy says pinned or pageable: the source of an HtoD, the target of a DtoH.
-    memory = []
-    for k, r in zip(kind, rows):
-        host = r[6] if k in ("HtoD", "UM_HtoD") else r[7] if k in ("DtoH", "UM_DtoH") else None
-        memory.append(mems.get(host, "unknown") if host is not None else ("device" if k in ("DtoD", "PtoP") else "unknown"))
-    start = _array(rows, 0, np.int64)
-    return ev.make_memcpys(kind, _array(rows, 4, np.int64), start, np.maximum(_array(rows, 1, np.int64) - start, 0),
-                           _array(rows, 2, np.int64), _array(rows, 3, np.int64), memory)
+    host = np.where(np.isin(kind, ("HtoD", "UM_HtoD")), src, np.where(np.isin(kind, ("DtoH", "UM_DtoH")), dst, -1))
+    memory = pd.Series(host).map(_mem_kind_map(db)).fillna("unknown").to_numpy(dtype=object)
+    memory[np.isin(kind, ("DtoD", "PtoP"))] = "device"
+    return ev.make_memcpys(kind, nbytes, start, np.maximum(end - start, 0), device, stream, memory)
 
 
 def _read_memsets(db: _Db) -> pd.DataFrame:
     table = MEMSET_TABLE
     if table not in db.tables or not {"start", "end", "bytes"} <= db.columns(table):
         return ev.make_memsets([], [], [], [], [])
-    device = db.pick(table, "deviceId", "device") or "0"
-    stream = db.pick(table, "streamId", "stream") or "0"
-    rows = db.rows(f"SELECT start, end, {device}, {stream}, bytes FROM [{table}] ORDER BY start")
-    start = _array(rows, 0, np.int64)
-    return ev.make_memsets(_array(rows, 4, np.int64), start, np.maximum(_array(rows, 1, np.int64) - start, 0),
-                           _array(rows, 2, np.int64), _array(rows, 3, np.int64))
+    start, end, device, stream, nbytes = db.int_columns(table, [
+        "start", "COALESCE(end, start)", _or(db.pick(table, "deviceId", "device"), 0),
+        _or(db.pick(table, "streamId", "stream"), 0), "COALESCE(bytes, 0)"])
+    return ev.make_memsets(nbytes, start, np.maximum(end - start, 0), device, stream)
 
 
 def _read_um_faults(db: _Db) -> pd.DataFrame:
