@@ -20,7 +20,7 @@ def trace() -> None:
 
 @trace.command("summarize")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--steps", metavar="A-B", help="Only ProfilerStep#A..#B (a range like 3-5, or one step).")
+@click.option("--steps", metavar="A-B", help="Only ProfilerStep#A..#B: a range like 3-5, one step, or 'all' (first to last step).")
 @click.option("--nvtx", metavar="NAME", help="Only the NVTX / annotation ranges with this name (glob allowed).")
 @click.option("--device", type=int, metavar="N", help="GPU to report (default: the busiest).")
 @click.option("--top", type=click.IntRange(0, 1000), default=10, show_default=True, help="How many top kernels.")

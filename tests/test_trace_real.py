@@ -210,7 +210,9 @@ def test_summary_invariants(name):
 def test_summary_steps_window_16rank():
     s = summarize(trace(RANK16), steps="551-553")
     assert s.step_times_s == (0.216483, 0.216119, 0.215467)
-    assert s.window_s == pytest.approx(0.216483 + 0.216119 + 0.215467)
+    steps = trace(RANK16).steps.set_index("step")
+    assert s.window_s * 1e9 == pytest.approx(steps.loc[553, "end_ns"] - steps.loc[551, "start_ns"])
+    assert summarize(trace(RANK16), steps="all").step_times_s == (0.209748, 0.216483, 0.216119, 0.215467, 0.216216)
     assert s.kernel_share_by_category["communication"] > 0.3
     assert s.memory_peak is None
 

@@ -179,20 +179,25 @@ def select_window(trace: ev.TraceData, steps: str | None = None, nvtx: str | Non
     if steps and nvtx:
         raise GhsimError("use --steps or --nvtx, not both")
     if steps:
-        lo, hi = parse_steps(steps)
         table = trace.steps
         if table.empty:
             raise GhsimError(f"{trace.source}: no ProfilerStep#N ranges in this trace; "
                              f"use --nvtx NAME to pick a window by an NVTX range instead")
-        chosen = table[(table["step"] >= lo) & (table["step"] <= hi)]
         have = table["step"].tolist()
-        missing = sorted(set(range(lo, hi + 1)) - set(have))
+        if steps.strip().lower() == "all":
+            lo, hi = min(have), max(have)
+        else:
+            lo, hi = parse_steps(steps)
+        chosen = table[(table["step"] >= lo) & (table["step"] <= hi)]
+        missing = sorted(set(range(lo, hi + 1)) - set(have)) if steps.strip().lower() != "all" else []
         if missing:
             raise GhsimError(f"{trace.source}: steps {lo}-{hi} not all in the trace (missing {_ranges(missing)}); "
                              f"it has ProfilerStep#{_ranges(have)}")
         durations = tuple(float(d) / NS_PER_S for d in (chosen["end_ns"] - chosen["start_ns"]))
         label = f"steps {lo}-{hi}" if hi > lo else f"step {lo}"
-        return Window(label, iv.as_windows(chosen["start_ns"], chosen["end_ns"]), durations)
+        # Steps follow each other: the window is the wall-clock span, gaps between steps included.
+        span = np.array([[chosen["start_ns"].min(), chosen["end_ns"].max()]], np.int64)
+        return Window(label, span, durations)
     if nvtx:
         table = trace.nvtx
         names = table["name"].astype(str)
@@ -292,7 +297,13 @@ def _memory_peak(trace: ev.TraceData, device: int | None, window: Window) -> dic
 
 def summarize(trace: ev.TraceData, *, steps: str | None = None, nvtx: str | None = None,
               device: int | None = None, top: int = DEFAULT_TOP) -> TraceSummary:
-    """Summarize one window of a trace: all of it, ProfilerSteps `steps` ("3-5"), or NVTX ranges `nvtx`."""
+    """Summarize one window of a trace.
+
+    steps: "3-5" / "4" (ProfilerStep#N numbers) or "all" (first to last ProfilerStep): the wall-clock
+           span from the first chosen step's start to the last one's end;
+    nvtx:  NVTX / annotation range name (glob allowed): the union of those ranges;
+    neither: the span of all GPU activity.
+    """
     if not trace.has_timeline:
         if steps or nvtx:
             raise GhsimError(f"{trace.source}: an nsys stats CSV is aggregate-only (no timeline), so it cannot "
@@ -448,8 +459,9 @@ def summarize_intervals(kernels, copies=(), *, steps_s: Sequence[tuple[float, fl
              start_s, dur_s and optionally name, device).
     copies:  CopyInterval objects (or a DataFrame with direction, bytes, start_s,
              dur_s and optionally device, memory).
-    steps_s: (start_s, end_s) of each step; the window is their union unless
-             window_s is given, else the span of all activity.
+    steps_s: (start_s, end_s) of each step; the window is their span (first
+             start to last end) unless window_s is given; with neither, the
+             span of all activity.
     """
     kd = _frame(kernels, ("category", "start_s", "dur_s", "name", "device"), {"name": "", "device": 0})
     bad = sorted(set(kd["category"]) - set(CATEGORIES))
@@ -474,8 +486,8 @@ def summarize_intervals(kernels, copies=(), *, steps_s: Sequence[tuple[float, fl
     step_times = tuple(float(e - s) for s, e in steps_s)
     if window_s is not None:
         window = Window("window", iv.as_windows(_to_ns([window_s[0]]), _to_ns([window_s[1]])), step_times)
-    elif len(starts):
-        window = Window(f"{len(starts)} steps", iv.as_windows(starts, ends), step_times)
+    elif len(starts):  # the span of the steps, as for a measured trace's --steps
+        window = Window(f"{len(starts)} steps", np.array([[starts.min(), ends.max()]], np.int64), step_times)
     else:
         window = Window("all", _activity_span(trace), step_times, whole_trace=True)
     return summarize_window(trace, window, device=device, top=top)
