@@ -105,6 +105,8 @@ def h200x2_cases():
         C("h200x2-llama1b-ddp-bf16-mb4-s2048", LLAMA_1B, hw, "1.1B DDP on 2 GPUs, bf16 AMP, fp32 grads all-reduced (25 MB buckets), mb4 seq2048 per GPU", micro_batch=4, mode="ddp", gpus=2),
         C("h200x2-llama3b-fsdp-zero3-mb2-s4096", LLAMA_3B, hw, "3.6B FSDP FULL_SHARD (ZeRO-3) on 2 GPUs, MixedPrecision bf16 params/reduce, mb2 seq4096 per GPU", micro_batch=2, seq=4096, mode="fsdp", zero=3, framework="fsdp-mixed", gpus=2),
         C("h200x2-llama3b-fsdp-zero2-mb2-s4096", LLAMA_3B, hw, "3.6B FSDP SHARD_GRAD_OP (ZeRO-2) on 2 GPUs, MixedPrecision bf16 params/reduce, mb2 seq4096 per GPU", micro_batch=2, seq=4096, mode="fsdp", zero=2, framework="fsdp-mixed", gpus=2),
+        C("h200x2-llama1b-fsdp-zero3-mb4-s2048", LLAMA_1B, hw, "1.1B FSDP FULL_SHARD (ZeRO-3) on 2 GPUs, MixedPrecision bf16 params/reduce, mb4 seq2048 per GPU (compare with the DDP case)", micro_batch=4, mode="fsdp", zero=3, framework="fsdp-mixed", gpus=2),
+        C("h200x2-llama3b-ddp-bf16-mb2-s4096", LLAMA_3B, hw, "3.6B DDP on 2 GPUs, bf16 AMP, fp32 params/grads/AdamW replicated, fp32 all-reduce, mb2 seq4096 per GPU (compare with the FSDP cases)", micro_batch=2, seq=4096, mode="ddp", gpus=2),
     ]
 
 
