@@ -76,6 +76,28 @@ def test_nsys_um_share_and_device_choice(tmp_path):
         summarize(t, device=5)
 
 
+def test_nsys_unified_memory_counter_table(tmp_path):
+    """Older exports: UM transfers and faults as CUPTI unified-memory counter records."""
+    path = tmp_path / "old_um.sqlite"
+    write_nsys_sqlite(path, schema="2020", um=False, steps=1, kernels_per_step=5)
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER (start INTEGER, end INTEGER, "
+               "counterKind INTEGER, value INTEGER, srcId INTEGER, dstId INTEGER, address INTEGER)")
+    db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER VALUES (?,?,?,?,?,?,0)", [
+        (1_000_000, 1_010_000, 1, 65536, 0, 0),    # HtoD, 64 KiB, onto device 0
+        (1_020_000, 1_025_000, 2, 4096, 0, 0),     # DtoH
+        (1_030_000, 1_031_000, 4, 3, 0, 0),        # 3 GPU page faults
+        (1_030_500, 1_030_500, 3, 2, 0, 0),        # 2 CPU page faults
+    ])
+    db.commit(); db.close()
+    t = load_trace(path)
+    um = t.memcpys[t.memcpys["kind"].isin(["UM_HtoD", "UM_DtoH"])]
+    assert sorted(zip(um["kind"], um["bytes"], um["dur_ns"])) == [("UM_DtoH", 4096, 5000), ("UM_HtoD", 65536, 10000)]
+    assert t.um_faults.groupby("side", observed=True)["faults"].sum().to_dict() == {"cpu": 2, "gpu": 3}
+    s = summarize(t)
+    assert s.um_migration.bytes == 65536 + 4096 and s.um_page_faults == {"cpu": 2, "gpu": 3}
+
+
 def test_nsys_missing_tables_and_empty(tmp_path):
     path = tmp_path / "x.sqlite"
     db = sqlite3.connect(path)

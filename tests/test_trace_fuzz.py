@@ -102,7 +102,7 @@ PREFIXES = [b"", b"SQLite format 3\x00", b"\x1f\x8b\x08\x00", b'{"traceEvents": 
             b"Time (%),Total Time (ns),Instances,Avg (ns),Name\n", b"Total (MB),Count,Operation\n"]
 
 
-@fuzz(80)
+@fuzz(60)
 @given(st.sampled_from(PREFIXES), st.binary(max_size=3000), st.sampled_from([".json", ".sqlite", ".csv", ".gz"]))
 def test_random_bytes(prefix, body, suffix):
     assert isinstance(load_bytes(prefix + body, suffix), GhsimError)
@@ -129,7 +129,7 @@ events = st.fixed_dictionaries({}, optional={
 })
 
 
-@fuzz(80)
+@fuzz(60)
 @given(st.lists(events, max_size=12), st.dictionaries(st.sampled_from(["baseTimeNanoseconds", "deviceProperties",
                                                                      "schemaVersion", "traceName"]), json_values),
        st.booleans())

@@ -27,6 +27,10 @@ NVTX_TABLE = "NVTX_EVENTS"
 GPU_TABLES = ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU")
 UM_CPU_FAULT_TABLE = "CUDA_UM_CPU_PAGE_FAULT_EVENTS"
 UM_GPU_FAULT_TABLE = "CUDA_UM_GPU_PAGE_FAULT_EVENTS"
+UM_COUNTER_TABLE = "CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER"
+# CUpti_ActivityUnifiedMemoryCounterKind values.
+UM_COUNTER_TRANSFERS = {1: "UM_HtoD", 2: "UM_DtoH", 8: "UM_DtoD"}
+UM_COUNTER_CPU_FAULTS, UM_COUNTER_GPU_FAULTS = 3, 4
 
 # CUPTI / nsys copyKind values, used when ENUM_CUDA_MEMCPY_OPER is absent.
 DEFAULT_COPY_KINDS = {
@@ -187,18 +191,55 @@ def _read_memsets(db: _Db) -> pd.DataFrame:
 
 
 def _read_um_faults(db: _Db) -> pd.DataFrame:
-    side, start, dur, device, faults = [], [], [], [], []
-    if UM_CPU_FAULT_TABLE in db.tables and "start" in db.columns(UM_CPU_FAULT_TABLE):
-        for (s,) in db.rows(f"SELECT start FROM [{UM_CPU_FAULT_TABLE}]"):
-            side.append("cpu"); start.append(s or 0); dur.append(0); device.append(-1); faults.append(1)
+    parts = []
+    table = UM_CPU_FAULT_TABLE
+    if table in db.tables and "start" in db.columns(table):
+        (start,) = db.int_columns(table, ["start"])
+        n = len(start)
+        parts.append(ev.make_um_faults(["cpu"] * n, start, np.zeros(n), np.full(n, -1), np.ones(n)))
     table = UM_GPU_FAULT_TABLE
     if table in db.tables and {"start", "end"} <= db.columns(table):
-        dev = db.pick(table, "deviceId") or "0"
-        n = db.pick(table, "numberOfPageFaults") or "1"
-        for s, e, d, k in db.rows(f"SELECT start, end, {dev}, {n} FROM [{table}]"):
-            s, e = s or 0, e or s or 0
-            side.append("gpu"); start.append(s); dur.append(max(e - s, 0)); device.append(d or 0); faults.append(k or 1)
-    return ev.make_um_faults(side, start, dur, device, faults)
+        start, end, device, faults = db.int_columns(table, [
+            "start", "COALESCE(end, start)", _or(db.pick(table, "deviceId"), 0),
+            _or(db.pick(table, "numberOfPageFaults"), 1)])
+        parts.append(ev.make_um_faults(["gpu"] * len(start), start, np.maximum(end - start, 0), device, faults))
+    if not any(len(p) for p in parts) and _has_um_counters(db):
+        kind, start, end, value, device = _um_counter_rows(db)
+        for side, code in (("cpu", UM_COUNTER_CPU_FAULTS), ("gpu", UM_COUNTER_GPU_FAULTS)):
+            sel = kind == code
+            parts.append(ev.make_um_faults([side] * int(sel.sum()), start[sel], np.maximum(end - start, 0)[sel],
+                                           device[sel], value[sel]))
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return ev.make_um_faults([], [], [], [], [])
+    return pd.concat(parts, ignore_index=True).sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def _has_um_counters(db: _Db) -> bool:
+    return UM_COUNTER_TABLE in db.tables and {"start", "counterKind", "value"} <= db.columns(UM_COUNTER_TABLE)
+
+
+def _um_counter_rows(db: _Db) -> tuple[np.ndarray, ...]:
+    """Older exports keep UM transfers and faults as CUPTI unified-memory counter records."""
+    table = UM_COUNTER_TABLE
+    end_expr = "COALESCE(end, start)" if "end" in db.columns(table) else "start"
+    kind, start, end, value, src, dst, dev = db.int_columns(table, [
+        "COALESCE(counterKind, 0)", "start", end_expr, "COALESCE(value, 0)", _or(db.pick(table, "srcId"), -1),
+        _or(db.pick(table, "dstId"), -1), _or(db.pick(table, "deviceId"), -1)])
+    end = np.maximum(end, start)
+    # The GPU end of a transfer: the destination of an HtoD, the source of anything else.
+    device = np.where(dev >= 0, dev, np.where(kind == 1, dst, src))
+    return kind, start, end, value, np.maximum(device, 0)
+
+
+def _read_um_counter_copies(db: _Db) -> pd.DataFrame:
+    if not _has_um_counters(db):
+        return ev.make_memcpys([], [], [], [], [], [])
+    kind, start, end, value, device = _um_counter_rows(db)
+    sel = np.isin(kind, list(UM_COUNTER_TRANSFERS))
+    kinds = [UM_COUNTER_TRANSFERS[int(k)] for k in kind[sel]]
+    return ev.make_memcpys(kinds, value[sel], start[sel], (end - start)[sel], device[sel],
+                           np.zeros(int(sel.sum()), np.int64), ["managed"] * len(kinds))
 
 
 def _read_nvtx(db: _Db) -> pd.DataFrame:
@@ -265,6 +306,9 @@ def _load(db: _Db) -> ev.TraceData:
                          f"and no memcpy/memset tables; was the profile taken with --trace=cuda?")
     kernels = _read_kernels(db, kernel_table) if kernel_table else ev.make_kernels([], [], [], [], [])
     memcpys = _read_memcpys(db)
+    if not memcpys["kind"].isin(ev.UM_DIRECTIONS).any() and _has_um_counters(db):
+        memcpys = pd.concat([memcpys, _read_um_counter_copies(db)], ignore_index=True)
+        memcpys = memcpys.sort_values("start_ns", kind="stable").reset_index(drop=True)
     memsets = _read_memsets(db)
     if kernels.empty and memcpys.empty and memsets.empty:
         raise GhsimError(f"{db.path}: no GPU activity (no kernels, memcpys or memsets recorded)")
