@@ -52,6 +52,10 @@ def plan_options(f: Callable) -> Callable:
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None),
         click.option("--offload", default=None, help="Comma list of optimizer,grads,params,activations."),
         click.option("--offload-ratio", type=float, default=None, help="Share of the optimizer step on the CPU."),
+        click.option("--offload-schedule", type=click.Choice(["auto", "sync", "overlapped", "superoffload"]),
+                     default=None, help="How offloaded state moves (auto: sync for torch, overlapped for deepspeed)."),
+        click.option("--offload-pinned/--offload-pageable", "offload_pinned", default=None,
+                     help="Offload buffers page-locked (default) or pageable."),
         click.option("--unified-memory", is_flag=True, default=None),
         click.option("--tp", type=int, default=None),
         click.option("--pp", type=int, default=None),
@@ -73,7 +77,8 @@ def plan_options(f: Callable) -> Callable:
 _FLAG_TO_FIELD = {
     "gpus": "gpus", "gpus_per_node": "gpus_per_node", "seq": "seq", "micro_batch": "micro_batch",
     "global_batch": "global_batch", "zero": "zero", "precision": "precision", "recompute": "recompute",
-    "offload": "offload", "offload_ratio": "offload_ratio", "unified_memory": "unified_memory", "tp": "tp",
+    "offload": "offload", "offload_ratio": "offload_ratio", "offload_schedule": "offload_schedule",
+    "offload_pinned": "offload_pinned", "unified_memory": "unified_memory", "tp": "tp",
     "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "cuda_graphs": "cuda_graphs",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
 }

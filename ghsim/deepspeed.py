@@ -41,9 +41,19 @@ def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, A
                 raise GhsimError(f"{where}: NVMe offload ({key}.device = nvme) is not modeled")
     if "optimizer" in offload:
         offload.append("grads")  # ZeRO-Offload moves gradients to the CPU with the optimizer
-        ratio = zero.get("offload_optimizer", {}).get("ratio")
+        opt_section = zero.get("offload_optimizer", {})
+        ratio = opt_section.get("ratio")
         if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+                raise GhsimError(f"{where}: offload_optimizer.ratio must be a number, got {ratio!r}")
             out["offload_ratio"] = float(ratio)
+        if opt_section.get("super_offload"):  # DeepSpeed >= 0.18: SuperOffload's schedule
+            out["offload_schedule"] = "superoffload"
+    sections = [zero.get(k) for k in ("offload_optimizer", "offload_param")]
+    if any(isinstance(sec, dict) and sec.get("device") == "cpu" for sec in sections):
+        # DeepSpeed's pin_memory defaults to false: pageable host buffers
+        out["offload_pinned"] = all(bool(sec.get("pin_memory", False)) for sec in sections
+                                    if isinstance(sec, dict) and sec.get("device") == "cpu")
     out["offload"] = offload
     for key, prec in (("bf16", "bf16"), ("fp16", "fp16")):
         section = ds.get(key)

@@ -42,6 +42,15 @@ class Framework(str, Enum):
     DEEPSPEED = "deepspeed"  # fp32 masters in the optimizer; bf16 params cast once per step
 
 
+class OffloadSchedule(str, Enum):
+    """How offloaded state moves and where its work runs (ghsim/graph/offload.py)."""
+
+    AUTO = "auto"  # sync for torch-amp and fsdp-mixed, overlapped for deepspeed
+    SYNC = "sync"  # as plain PyTorch does it: save_on_cpu, copies on the compute stream, no overlap
+    OVERLAPPED = "overlapped"  # ZeRO-Offload/Infinity: copy streams, bucketed grads, prefetch
+    SUPEROFFLOAD = "superoffload"  # Lian et al. 2025: per-bucket CPU Adam during backward, GPU tail
+
+
 OFFLOAD_TARGETS = ("optimizer", "grads", "params", "activations")
 OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
 
@@ -68,6 +77,8 @@ class Plan:
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
     optimizer_impl: str = "foreach"
     framework: Framework = Framework.TORCH_AMP
+    offload_schedule: OffloadSchedule = OffloadSchedule.AUTO
+    offload_pinned: bool = True  # offload buffers in page-locked host memory (DeepSpeed pin_memory)
 
     # --- derived sizes ----------------------------------------------------
     @property
@@ -95,6 +106,7 @@ class Plan:
         d["precision"] = self.precision.value
         d["recompute"] = self.recompute.value
         d["framework"] = self.framework.value
+        d["offload_schedule"] = self.offload_schedule.value
         d["offload"] = sorted(self.offload)
         d["global_batch"] = self.resolved_global_batch
         d["grad_accum"] = self.grad_accum
@@ -125,6 +137,12 @@ class Plan:
             parts.append(f"--ep {self.ep}")
         if self.lora_rank:
             parts.append(f"--lora-rank {self.lora_rank}")
+        if self.offload_ratio != 1.0:
+            parts.append(f"--offload-ratio {self.offload_ratio:g}")
+        if self.offload_schedule != OffloadSchedule.AUTO:
+            parts.append(f"--offload-schedule {self.offload_schedule.value}")
+        if not self.offload_pinned:
+            parts.append("--offload-pageable")
         if self.cuda_graphs:
             parts.append("--cuda-graphs")
         if self.batch_prep_s:
@@ -179,7 +197,9 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = _enum(Framework, value, f"{where}: framework")
         elif key == "offload":
             kw[key] = parse_offload(value)
-        elif key in ("unified_memory", "cuda_graphs"):
+        elif key == "offload_schedule":
+            kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
+UM = "um"  # unified-memory stalls (graph/unified_memory.py)
 from ghsim.sim.engine import Schedule
 from ghsim.sim.memory import TierPeak
 
@@ -44,6 +45,7 @@ class StepReport:
     model: dict[str, Any]
     hardware: dict[str, Any]
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict)  # sections some plans add (offload, unified_memory)
 
     @property
     def tokens_per_s(self) -> float:
@@ -79,6 +81,7 @@ class StepReport:
             "plan": self.plan,
             "model": self.model,
             "hardware": self.hardware,
+            **self.extra,
         }
 
     def to_json(self) -> str:
@@ -97,21 +100,39 @@ def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float,
     on_gpu = np.fromiter((op.resource == "gpu" for op in ops), bool, len(ops))
     is_kernel = np.fromiter((op.category in KERNEL_CATEGORIES for op in ops), bool, len(ops))
     breakdown = {c: 0.0 for c in KERNEL_CATEGORIES}
-    breakdown.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_host_launch": 0.0, "wait_other": 0.0})
+    breakdown.update({"memcpy": 0.0, "um_migration": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0,
+                      "wait_host_launch": 0.0, "wait_other": 0.0})
     gpu_idx = np.flatnonzero(on_gpu)
     dur = end[gpu_idx] - start[gpu_idx]
     for cat in KERNEL_CATEGORIES:
         mask = np.fromiter((ops[i].category == cat for i in gpu_idx), bool, len(gpu_idx))
         breakdown[cat] = float(dur[mask].sum())
-    breakdown["memcpy"] = float(dur[~is_kernel[gpu_idx]].sum())
+    is_um = np.fromiter((ops[i].category == UM for i in gpu_idx), bool, len(gpu_idx))
+    breakdown["memcpy"] = float(dur[~is_kernel[gpu_idx] & ~is_um].sum())
+    breakdown["um_migration"] = float(dur[is_um].sum())  # unified-memory faults stall the stream
     # gaps on the stream: start of each op minus the latest end before it
     cursor = np.maximum.accumulate(np.concatenate(([0.0], end[gpu_idx])))
     gaps = start[gpu_idx] - cursor[:-1]
+    # CPU work the issuing thread blocks on (a CPU optimizer step in the training loop)
+    blocking = np.fromiter((op.category == CPU and op.host_waits for op in ops), bool, len(ops))
     for k in np.flatnonzero(gaps > 0):
-        breakdown[_waited_for(int(gpu_idx[k]), timeline)] += float(gaps[k])
-    tail = step_time - (cursor[-1] if len(cursor) else 0.0)
-    if tail > 0:
-        breakdown["wait_cpu"] += tail
+        reason = _waited_for(int(gpu_idx[k]), timeline)
+        on_cpu = 0.0
+        if reason in ("wait_host_launch", "wait_other"):  # the host may have been stuck in CPU work
+            on_cpu = _overlap(cursor[k], start[gpu_idx[k]], start[blocking], end[blocking])
+        elif reason == "wait_transfer":  # a copy that itself waited for CPU work (an optimizer step)
+            on_cpu = _copy_waiting_on_cpu(int(gpu_idx[k]), float(cursor[k]), timeline)
+        breakdown["wait_cpu"] += on_cpu
+        breakdown[reason] += float(gaps[k]) - on_cpu
+    last_gpu = float(cursor[-1]) if len(cursor) else 0.0
+    tail = step_time - last_gpu
+    if tail > 0:  # the step ends on another resource: the CPU, or copies still landing
+        cpu = np.fromiter((op.category == CPU for op in ops), bool, len(ops))
+        on_cpu = _overlap(last_gpu, step_time, start[cpu], end[cpu])
+        breakdown["wait_cpu"] += on_cpu
+        copies = np.fromiter((op.category == COPY for op in ops), bool, len(ops))
+        rest = "wait_transfer" if copies.any() and end[copies].max() > last_gpu else "wait_cpu"
+        breakdown[rest] += tail - on_cpu
     kernels = np.flatnonzero(is_kernel & (end > start))
     busy = _union_length(start[kernels], end[kernels])
     return busy / step_time if step_time > 0 else 0.0, breakdown
@@ -123,10 +144,30 @@ def _waited_for(i: int, timeline: Timeline) -> str:
     start = sched.start[i]
     for d in timeline.deps[i]:
         if abs(sched.end[d] - start) < 1e-12:
-            return "wait_cpu" if timeline.ops[d].category == CPU else "wait_other"
+            cat = timeline.ops[d].category
+            return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
     if abs(sched.issue[i] - start) < 1e-12:
         return "wait_host_launch"
     return "wait_other"
+
+
+def _copy_waiting_on_cpu(i: int, gap_start: float, timeline: Timeline) -> float:
+    """Of a gap before GPU op i, the part its awaited copy spent waiting for a CPU op."""
+    sched, ops = timeline.schedule, timeline.ops
+    for d in timeline.deps[i]:
+        if ops[d].category != COPY or abs(sched.end[d] - sched.start[i]) > 1e-12:
+            continue
+        for c in timeline.deps[d]:
+            if ops[c].category == CPU and abs(sched.end[c] - sched.start[d]) < 1e-12:
+                return max(0.0, min(float(sched.start[d]), float(sched.start[i])) - gap_start)
+    return 0.0
+
+
+def _overlap(a: float, b: float, starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of [a, b] covered by disjoint intervals [starts, ends) (one in-order resource)."""
+    if len(starts) == 0 or b <= a:
+        return 0.0
+    return float(np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None).sum())
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -161,6 +202,13 @@ def render_table(r: StepReport) -> str:
     lines += ["", "HBM at the peak                     GiB"]
     for k, v in sorted(r.hbm.breakdown.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {k:<28}{v / GiB:10.2f}")
+    if r.host.breakdown:
+        lines += ["", "host memory at its peak (node)      GiB"]
+        for k, v in sorted(r.host.breakdown.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {k:<28}{v / GiB:10.2f}")
+    for name, section in r.extra.items():  # one line per added section that summarizes itself
+        if isinstance(section, dict) and section.get("summary"):
+            lines.append(f"{name}: {section['summary']}")
     for n in r.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

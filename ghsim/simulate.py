@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.cost.compute import CostModel
+from ghsim.cost.hostlink import HostSide
+from ghsim.graph.offload import adjust_static_hbm, check_host_capacity, check_offload
+from ghsim.graph.offload import host_static_bytes as offload_host_static
+from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, resident_peak
+from ghsim.host_summary import offload_section, per_node, unified_memory_section
 from ghsim.errors import GhsimError
 from ghsim.graph.step import build_step, param_counts, static_bytes
 from ghsim.hardware import Hardware
@@ -50,8 +56,21 @@ def model_flops(model: ModelSpec, plan: Plan) -> float:
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
-    cost = CostModel(hw, calibration or load_calibration(hw.calibration))
+    check_offload(plan)
+    cal = calibration or load_calibration(hw.calibration)
+    host_side = HostSide.of(hw, plan, cal)  # per-GPU shares of host link, CPU and host memory
+    counts = param_counts(model, plan)
+    host_static = offload_host_static(model, plan, counts.trainable, counts.total)  # per GPU
+    check_host_capacity(host_static, host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
+    cost = CostModel(hw, cal, host_side)
     graph = build_step(model, plan, price=cost.duration)
+    hbm_static = adjust_static_hbm(static_bytes(model, plan),
+                                   static_bytes(model, plan.with_(offload=frozenset())).get("optimizer_states", 0.0),
+                                   model, plan)
+    um = None
+    if plan.unified_memory:  # pages beyond HBM spill to the host and come back on demand
+        graph, um = apply_unified_memory(graph, hbm_static, hw, cost.duration)
+        host_static = {**host_static, "um_spilled": um.spilled_bytes} if um.spilled_bytes else host_static
     ops = graph.ops
     resources = RESOURCES + (engine.Resource("loader"),)  # data-loader pool, releasing batches at its rate
     names = [r.name for r in resources]
@@ -68,16 +87,12 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch)
     step_time = sched.makespan
     utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
-    hbm = hbm_peak(ops, static_bytes(model, plan))
-    host_static = {}
-    counts = param_counts(model, plan)
-    if "optimizer" in plan.offload:
-        # fp32 master params, grads and both AdamW moments in pinned host memory
-        host_static = {"optimizer_states": counts.trainable * 8, "master_params": counts.trainable * 4,
-                       "grads": counts.trainable * 4}
-    host = host_peak(ops, host_static)
+    hbm = hbm_peak(ops, hbm_static)
+    if um is not None:
+        hbm = resident_peak(hbm, hw.hbm.capacity_bytes)
+    host = per_node(host_peak(ops, host_static), host_side.node_gpus)
     problems = []
-    if hbm.peak_bytes > hw.hbm.capacity_bytes:
+    if hbm.peak_bytes > hw.hbm.capacity_bytes and um is None:
         top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
         parts = " + ".join(f"{v / 1e9:.1f} GB {k}" for k, v in top)
         problems.append(f"HBM peak {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB ({parts} ...)")
@@ -108,4 +123,16 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
         model=model.to_dict(),
         hardware=hw.to_dict(),
         timeline=timeline if keep_timeline else None,
+        extra=_host_sections(timeline, breakdown, plan, hw, um, step_time),
     )
+
+
+def _host_sections(timeline: Timeline, breakdown: dict[str, float], plan: Plan, hw: Hardware,
+                   um: UnifiedMemoryUse | None, step_time: float) -> dict:
+    """The report's "offload" and "unified_memory" sections, for plans that have them."""
+    out = {}
+    if resolve_offload(plan).any:
+        out["offload"] = offload_section(timeline, breakdown, plan, hw)
+    if um is not None:
+        out["unified_memory"] = unified_memory_section(um, breakdown, step_time)
+    return out

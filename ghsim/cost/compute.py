@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.flops import gemm_flops
+from ghsim.cost.hostlink import TORCH_CPU_ADAM, HostSide
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op
 from ghsim.hardware import Hardware
@@ -28,6 +29,11 @@ DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 class CostModel:
     hw: Hardware
     cal: Calibration
+    host_side: HostSide | None = None  # per-GPU shares of link, CPU and host memory (default: one GPU)
+
+    @property
+    def host(self) -> HostSide:
+        return self.host_side or HostSide.of(self.hw, None, self.cal)
 
     @property
     def hbm_ratio(self) -> float:
@@ -67,15 +73,10 @@ class CostModel:
 
     # --- host side ------------------------------------------------------------
     def copy_time(self, nbytes: float, direction: str, pinned: bool) -> float:
-        link = self.hw.host_link
-        if direction == K.H2D:
-            rate = link.h2d_pinned if pinned else link.h2d_pageable
-        else:
-            rate = link.d2h_pinned if pinned else link.d2h_pageable
-        return link.latency_s + nbytes / rate
+        return self.host.copy_time(nbytes, direction, pinned)
 
-    def cpu_optimizer_time(self, params: float) -> float:
-        return params / self.hw.cpu.adamw_params_per_s
+    def cpu_optimizer_time(self, params: float, impl: str = "") -> float:
+        return self.host.cpu_optimizer_time(params, impl or TORCH_CPU_ADAM)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""
@@ -98,9 +99,15 @@ class CostModel:
         if kind == K.OPT_GPU:
             return self.optimizer_gpu_time(op.params, op.variant)
         if kind == K.OPT_CPU:
-            return self.cpu_optimizer_time(op.params)
-        if kind in (K.H2D, K.D2H):
-            return self.copy_time(op.bytes, kind, op.pinned)
+            return self.cpu_optimizer_time(op.params, op.variant)
+        if kind in (K.H2D, K.D2H):  # kernels: one cudaMemcpyAsync per bucket or tensor
+            return self.host.copy_time(op.bytes, kind, op.pinned, op.variant == "duplex", max(1, op.kernels))
+        if kind == K.CPU_MEM:
+            return self.host.cpu_bytes_time(op.bytes)
+        if kind == K.UM_MIGRATE:
+            if op.variant == "in_place":
+                return self.host.um_in_place_time(op.bytes)
+            return self.host.um_fault_time(op.bytes)
         if kind == K.HOST_WORK:
             return op.seconds
         raise ValueError(f"no cost for op kind {kind!r} ({op.name})")

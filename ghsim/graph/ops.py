@@ -34,6 +34,8 @@ OPT_CPU = "opt_cpu"  # AdamW on the CPU (params/s)
 H2D = "h2d"
 D2H = "d2h"
 HOST_WORK = "host_work"  # fixed CPU seconds (data loading)
+CPU_MEM = "cpu_mem"  # bytes streamed by host cores (casts, gradient accumulation on the CPU)
+UM_MIGRATE = "um_migrate"  # unified-memory pages brought to the GPU on demand (bytes)
 COLLECTIVE = "collective"
 
 

@@ -14,7 +14,10 @@ from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.transformer import RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS, LayerBuilder, Tensors
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan, Precision, Recompute
+from ghsim.graph.offload import StepFacts, apply_offload
+from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
+from ghsim.plan import OffloadSchedule, Plan, Precision, Recompute
 
 # torch.optim.AdamW(foreach=True) runs about a dozen _foreach_ kernels, each over
 # chunks of ~100 tensors (torch/optim/adamw.py, multi_tensor_apply); fused runs one.
@@ -147,17 +150,7 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
 
 def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op]:
     launches = math.ceil(counts.n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH)
-    P = counts.trainable
-    if "optimizer" in plan.offload:
-        # ZeRO-Offload-like, as validation/harness/train_step.py does it: every grad
-        # copied to pinned host memory, the CPU steps, the params come back; no overlap.
-        return [
-            Op(name="grads.d2h", category=K.COPY, kind=K.D2H, resource="gpu", bytes=P * 4, phase="opt"),
-            Op(name="cpu_adamw", category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=P, deps=(0,),
-               host_waits=True, phase="opt"),
-            Op(name="params.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=P * 4, deps=(1,),
-               host_waits=True, phase="opt"),
-        ]
+    P = counts.trainable  # offloaded optimizers: graph/offload.py
     foreach = plan.optimizer_impl == "foreach"
     return [Op(name=f"adamw.{plan.optimizer_impl}", category="optimizer", kind=K.OPT_GPU, resource="gpu",
                params=P, variant=plan.optimizer_impl,
@@ -183,11 +176,12 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
     replicated layer.
     """
     fwd, bwd, cache_bytes, saved = _layer_templates(model, plan)
-    if "activations" in plan.offload and plan.recompute != Recompute.FULL:
+    offload = resolve_offload(plan)
+    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
         fwd, bwd = _offload_activations(fwd, bwd, saved)
     loss_fwd, loss_bwd = _loss_ops(model, plan)
     emb_fwd, emb_bwd = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
-    optimizer = _optimizer_ops(model, plan, param_counts(model, plan))
+    optimizer = [] if offload.optimizer else _optimizer_ops(model, plan, param_counts(model, plan))
     data = _input_ops(plan)
     for template in (data, fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd, optimizer):
         for op in template:
@@ -212,7 +206,18 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
         if mb > 0:
             _accumulate_instead_of_allocating(graph, mb_start)
     graph.extend(optimizer)
+    if offload.any:  # copies, CPU work and the offloaded optimizer (graph/offload.py)
+        graph = apply_offload(graph, model, plan, _offload_facts(model, plan, saved), price)
     return graph
+
+
+def _offload_facts(model: ModelSpec, plan: Plan, saved: float) -> StepFacts:
+    counts = param_counts(model, plan)
+    dt = LayerBuilder(model, plan).dt
+    x_bytes = plan.micro_batch * plan.seq * model.hidden_size * dt.residual
+    return StepFacts(trainable=counts.trainable, n_tensors=counts.n_tensors,
+                     saved_per_layer=offload_saved_bytes(plan, saved, x_bytes),
+                     gpu_param_width=dt.param, layer_params=model.layer_params)
 
 
 def _input_ops(plan: Plan) -> list[Op]:

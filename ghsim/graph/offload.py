@@ -1,0 +1,603 @@
+"""Offload schedules: where offloaded state lives, how it crosses the host link, where its work runs.
+
+A step graph without offload (graph/step.py) is rewritten: copies are inserted
+after the ops that produce what they move and before the ops that need it, CPU
+work is inserted where the schedule runs it, and the optimizer is replaced.
+Three schedules (plan.OffloadSchedule):
+
+- sync: what plain PyTorch code does (validation/harness/train_step.py):
+  `save_on_cpu` activations and, after backward, every gradient copied to
+  pinned host memory on the compute stream, `torch.optim.AdamW` on the CPU,
+  parameters copied back; nothing overlaps. With parameters offloaded it is
+  FSDP's CPUOffload: fp32 flat parameters fetched per layer and cast on the
+  GPU, fp32 gradients sent down per layer, the CPU AdamW after backward.
+- overlapped: DeepSpeed ZeRO-Offload / ZeRO-Infinity. Gradients stream to the
+  host per layer in buckets on the D2H copy engine while backward runs; the
+  CPU-Adam waits for all of them (global gradient norm and overflow check),
+  then updates layer by layer, each layer's bf16 parameters copied back as
+  soon as they are ready. Parameters (ZeRO-Infinity) are prefetched one layer
+  ahead; activations leave on the D2H engine and are prefetched back one
+  layer ahead of their backward.
+- superoffload (Lian et al. 2025, DeepSpeed blog "SuperOffload"):
+  speculation-then-validation lets the CPU-Adam update each bucket as soon as
+  it arrives, overlapping backward; the last (1 - offload_ratio) of the
+  gradients in backward order stay on the GPU with their optimizer states
+  (the "tail buckets"), so the step does not end waiting for the CPU; buckets
+  are sized to saturate the link; each cast (bf16 <-> fp32) runs where it is
+  cheapest, GPU before the copy or CPU after it.
+
+With offload_ratio < 1 the other schedules split the optimizer the same way
+(DeepSpeed ZeRO-Offload++ "Twin-Flow" ratio).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ghsim.cost.hostlink import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
+from ghsim.errors import GhsimError
+from ghsim.graph import ops as K
+from ghsim.graph.ops import Op, OpGraph
+from ghsim.model import ModelSpec
+from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
+
+# DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
+# (deepspeed/runtime/zero/config.py, ZeroConfig.reduce_bucket_size).
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+# SuperOffload sizes buckets to saturate the link: large enough that the per-copy
+# latency costs at most this share of a bucket's transfer time.
+BUCKET_LATENCY_SHARE = 0.05
+TENSORS_PER_MULTI_TENSOR_LAUNCH = 100
+
+FWD, BWD = "fwd", "bwd"
+
+
+@dataclass(frozen=True)
+class OffloadSetup:
+    """The offload a plan asks for, resolved: which state moves, how, and who updates what."""
+
+    schedule: OffloadSchedule  # never AUTO
+    optimizer: bool  # fp32 masters and AdamW states on the host (gradients must reach it)
+    params: bool  # parameters live on the host, fetched per layer
+    activations: bool  # saved activations go to the host in forward
+    cpu_share: float  # fraction of the optimizer work on the CPU (offload_ratio)
+    shard: int  # ranks sharing optimizer state and gradients (ZeRO >= 1): each offloads 1/shard
+    cpu_impl: str  # torch (torch.optim.AdamW on CPU) | deepspeed (vectorized CPU-Adam)
+    pinned: bool
+
+    @property
+    def any(self) -> bool:
+        return self.optimizer or self.params or self.activations
+
+    @property
+    def fsdp_like(self) -> bool:
+        """Parameters offloaded by plain PyTorch: FSDP CPUOffload semantics."""
+        return self.params and self.schedule == OffloadSchedule.SYNC
+
+
+def resolve(plan: Plan) -> OffloadSetup:
+    schedule = plan.offload_schedule
+    if schedule == OffloadSchedule.AUTO:
+        schedule = OffloadSchedule.OVERLAPPED if plan.framework == Framework.DEEPSPEED else OffloadSchedule.SYNC
+    params = "params" in plan.offload
+    # Gradients must reach the CPU optimizer, and offloaded parameters are updated
+    # where their fp32 masters live (ZeRO-Infinity, FSDP CPUOffload): both imply the rest.
+    optimizer = "optimizer" in plan.offload or "grads" in plan.offload or params
+    return OffloadSetup(
+        schedule=schedule,
+        optimizer=optimizer,
+        params=params,
+        activations="activations" in plan.offload,
+        cpu_share=plan.offload_ratio if optimizer else 0.0,
+        shard=plan.dp if plan.zero >= 1 else 1,
+        cpu_impl=VECTOR_CPU_ADAM if plan.framework == Framework.DEEPSPEED else TORCH_CPU_ADAM,
+        pinned=plan.offload_pinned,
+    )
+
+
+def check_offload(plan: Plan) -> None:
+    """Offload choices that make no sense whatever the hardware: one line each."""
+    setup = resolve(plan)
+    if plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and not setup.optimizer:
+        raise GhsimError("--offload-schedule superoffload schedules the optimizer: add --offload optimizer")
+
+
+# --- memory ----------------------------------------------------------------------------
+def layer_param_share(model: ModelSpec) -> float:
+    """Share of all parameters inside decoder layers (the rest: embedding, LM head, final norm)."""
+    return model.num_layers * model.layer_params / model.total_params
+
+
+def adjust_static_hbm(static: dict[str, float], gpu_optimizer_states: float, model: ModelSpec,
+                      plan: Plan) -> dict[str, float]:
+    """HBM held all step under offload. `gpu_optimizer_states`: what the optimizer holds in HBM
+    without offload; the GPU keeps (1 - cpu_share) of it. Offloaded parameters leave only
+    the non-layer ones resident (layers are fetched into buffers by the schedule's ops)."""
+    setup = resolve(plan)
+    out = dict(static)
+    if setup.optimizer:
+        kept = (1.0 - setup.cpu_share) * gpu_optimizer_states
+        out["optimizer_states"] = kept
+        if not kept:
+            out.pop("optimizer_states")
+    if setup.params and "params" in out:
+        out["params"] = out["params"] * (1.0 - layer_param_share(model))
+    return out
+
+
+def host_static_bytes(model: ModelSpec, plan: Plan, trainable: float, total: float) -> dict[str, float]:
+    """Host memory one GPU's offload holds all step (pinned unless the plan says pageable)."""
+    setup = resolve(plan)
+    out: dict[str, float] = {}
+    if setup.optimizer and setup.cpu_share > 0:
+        p = setup.cpu_share * trainable / setup.shard
+        out["master_params"] = 4 * p
+        out["optimizer_states"] = 8 * p  # AdamW exp_avg, exp_avg_sq
+        out["grads"] = 4 * p  # fp32 gradients the CPU optimizer reads
+    if setup.params:
+        frozen = total - trainable
+        if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
+            out["frozen_params"] = 4 * frozen / setup.shard
+        else:  # ZeRO-Infinity keeps bf16 working copies on the host, next to the fp32 masters
+            out["offloaded_params"] = 2 * total / setup.shard
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def check_host_capacity(host_static: dict[str, float], node_gpus: int, capacity: float, hw_name: str,
+                        plan: Plan) -> None:
+    need = sum(host_static.values()) * node_gpus
+    if need > capacity:
+        what = ",".join(sorted(plan.offload))
+        raise GhsimError(
+            f"offloading {what} needs {need / 1e9:.0f} GB of host memory per node "
+            f"({', '.join(f'{k} {v * node_gpus / 1e9:.0f} GB' for k, v in host_static.items())}); "
+            f"{hw_name} has {capacity / 1e9:.0f} GB"
+        )
+
+
+# --- the rewrite -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """Consecutive ops of one micro-batch, one layer (-1: embedding or loss), one direction."""
+
+    first: int
+    last: int
+    mb: int
+    layer: int
+    direction: str  # FWD | BWD
+
+
+def find_runs(graph: OpGraph) -> list[Run]:
+    runs: list[Run] = []
+    start = None
+    key = None
+    for i, op in enumerate(graph.ops):
+        direction = FWD if op.phase == "fwd" else BWD if op.phase in ("bwd", "recompute") else None
+        k = (graph.microbatch[i], graph.layer[i], direction) if direction else None
+        if k != key:
+            if key is not None:
+                runs.append(Run(start, i - 1, key[0], key[1], key[2]))
+            start, key = i, k
+    if key is not None:
+        runs.append(Run(start, len(graph.ops) - 1, key[0], key[1], key[2]))
+    return runs
+
+
+@dataclass(eq=False)
+class New:
+    """An op to insert; deps are old indices (int) or other New ops placed before it."""
+
+    op: Op
+    deps: list = field(default_factory=list)
+    layer: int = -1
+    mb: int = 0
+    index: int = -1
+
+
+class Rewriter:
+    """Insert ops before/after existing ones and add dependencies, then rebuild the graph."""
+
+    def __init__(self, graph: OpGraph):
+        self.old = graph
+        self.before: dict[int, list[New]] = defaultdict(list)
+        self.after: dict[int, list[New]] = defaultdict(list)
+        self.extra_deps: dict[int, list[New]] = defaultdict(list)
+        self.tail: list[New] = []
+
+    def insert_before(self, i: int, new: New) -> New:
+        self.before[i].append(new)
+        return new
+
+    def insert_after(self, i: int, new: New) -> New:
+        self.after[i].append(new)
+        return new
+
+    def append(self, new: New) -> New:
+        self.tail.append(new)
+        return new
+
+    def add_dep(self, i: int, new: New) -> None:
+        self.extra_deps[i].append(new)
+
+    def build(self) -> OpGraph:
+        old, g = self.old, OpGraph()
+        mapping = [0] * len(old.ops)
+
+        def ref(d) -> int:
+            if isinstance(d, New):
+                if d.index < 0:
+                    raise ValueError(f"{d.op.name} is used before it is placed")
+                return d.index
+            return mapping[d]
+
+        def place(new: New) -> None:
+            new.index = len(g.ops)
+            g.ops.append(new.op)
+            g.deps.append(tuple(sorted({ref(d) for d in new.deps})))
+            g.layer.append(new.layer)
+            g.microbatch.append(new.mb)
+
+        for i, op in enumerate(old.ops):
+            for new in self.before.get(i, ()):
+                place(new)
+            mapping[i] = len(g.ops)
+            deps = tuple(mapping[d] for d in old.deps[i])
+            extra = tuple(ref(n) for n in self.extra_deps.get(i, ()))
+            g.ops.append(op)
+            g.deps.append(tuple(sorted(set(deps + extra))) if extra else deps)
+            g.layer.append(old.layer[i])
+            g.microbatch.append(old.microbatch[i])
+            for new in self.after.get(i, ()):
+                place(new)
+        for new in self.tail:
+            place(new)
+        return g
+
+
+# --- op constructors -------------------------------------------------------------------
+def _copy(name: str, direction: str, nbytes: float, phase: str, setup: OffloadSetup, resource: str,
+          transfers: int = 1, duplex: bool = False) -> Op:
+    return Op(name=name, category=K.COPY, kind=direction, resource=resource, bytes=nbytes, phase=phase,
+              kernels=transfers, pinned=setup.pinned, variant="duplex" if duplex else "")
+
+
+def _gpu_cast(name: str, params: float, phase: str) -> Op:
+    """bf16 <-> fp32 on the GPU: read one width, write the other (6 bytes per element)."""
+    return Op(name=name, category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="cast_fp32_to_bf16",
+              bytes=6 * params, phase=phase, hbm_transient=4 * params)
+
+
+def _cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool) -> Op:
+    return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource="cpu", bytes=nbytes, phase=phase, kernels=0,
+              host_waits=host_waits)
+
+
+def _cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
+    return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=params, phase="opt",
+              variant=setup.cpu_impl, kernels=0, host_waits=host_waits)
+
+
+def _marker(name: str, phase: str) -> Op:
+    """A zero-time op on the compute stream that only carries a memory change."""
+    return Op(name=name, category="other", kind=K.HOST_WORK, resource="gpu", kernels=0, phase=phase)
+
+
+def _gpu_adam(params: float, n_tensors: int, impl: str) -> Op:
+    launches = max(1, math.ceil(n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH))
+    impl = impl if impl in ("foreach", "fused") else "fused"
+    return Op(name=f"adamw.{impl}.gpu_share", category="optimizer", kind=K.OPT_GPU, resource="gpu", params=params,
+              variant=impl, kernels=launches * (12 if impl == "foreach" else 1), phase="opt",
+              hbm_transient=4 * params if impl == "foreach" else 0.0, mem_tag="optimizer_temp")
+
+
+# --- the schedules ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepFacts:
+    """What the rewrite needs to know about the step it rewrites."""
+
+    trainable: float  # trainable parameters (per GPU, before ZeRO sharding)
+    n_tensors: int
+    saved_per_layer: float  # activation bytes a layer keeps for its backward (recompute: its input)
+    gpu_param_width: int  # bytes per parameter the GPU computes with (fp32 under torch-amp)
+    layer_params: float  # parameters of one decoder layer (all, trainable or not)
+
+
+def apply_offload(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
+                  price: Callable[[Op], float]) -> OpGraph:
+    """The step with the plan's offload schedule woven in (the graph has no optimizer ops yet)."""
+    setup = resolve(plan)
+    rw = Rewriter(graph)
+    runs = find_runs(graph)
+    sched = setup.schedule
+    overlapped = sched != OffloadSchedule.SYNC
+    priced: dict[int, Op] = {}
+
+    def new(op: Op, deps=(), layer: int = -1, mb: int = 0) -> New:
+        """An insertion of `op` (priced once, however many times it is inserted)."""
+        if id(op) not in priced:
+            op.duration = price(op)
+            priced[id(op)] = op
+        return New(op, list(deps), layer, mb)
+
+    by_mb: dict[int, dict[str, list[Run]]] = defaultdict(lambda: {FWD: [], BWD: []})
+    for run in runs:
+        by_mb[run.mb][run.direction].append(run)
+    grads_on_gpu = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(len(graph.ops))
+                       if graph.microbatch[i] == 0 and (graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) > 0)
+    grad_width = grads_on_gpu / facts.trainable if facts.trainable else 4.0
+
+    # which copies overlap the other direction (they then share PCIe's bidirectional cap)
+    duplex_fwd = overlapped and setup.params and setup.activations
+    duplex_bwd = overlapped and (setup.params or setup.activations
+                                 or sched == OffloadSchedule.SUPEROFFLOAD) and setup.optimizer
+
+    if setup.activations and overlapped:
+        _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph)
+    if setup.params:
+        _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph, plan)
+    if setup.optimizer:
+        _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd, price)
+    return rw.build()
+
+
+def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph) -> None:
+    """Each layer's saved activations leave after its forward and are prefetched one layer ahead."""
+    saved = facts.saved_per_layer
+    if saved <= 0:
+        return
+    d2h = _copy("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd)
+    d2h.host_alloc, d2h.mem_tag = saved, "offloaded_activations"
+    d2h.change_hbm("activations", -saved)
+    h2d = _copy("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd)
+    h2d.host_free, h2d.mem_tag = saved, "offloaded_activations"
+    h2d.change_hbm("activations", saved)
+    for mb, dirs in by_mb.items():
+        sent = {}
+        for run in dirs[FWD]:
+            if run.layer >= 0:
+                sent[run.layer] = rw.insert_after(run.last, new(d2h, [run.last], run.layer, mb))
+        bwd = dirs[BWD]
+        for k, run in enumerate(bwd):
+            if run.layer < 0 or run.layer not in sent:
+                continue
+            ahead = bwd[k - 1] if k > 0 else run  # prefetch while the previous backward run computes
+            fetch = rw.insert_before(ahead.first, new(h2d, [sent[run.layer]], run.layer, mb))
+            rw.add_dep(run.first, fetch)
+
+
+def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph, plan) -> None:
+    """Layer parameters come from the host one layer ahead into a GPU buffer, forward and backward.
+
+    FSDP (sync) fetches the fp32 flat parameter and casts it on the GPU; ZeRO-Infinity
+    fetches the bf16 working copy. At most two layer buffers are in flight.
+    """
+    P = facts.layer_params / setup.shard
+    fsdp = setup.fsdp_like
+    width = 4 if fsdp else 2
+    buffer = P * facts.gpu_param_width if not fsdp else P * 2
+    for mb, dirs in by_mb.items():
+        for direction, duplex in ((FWD, duplex_fwd), (BWD, duplex_bwd)):
+            seq = dirs[direction]
+            fetch_op = _copy(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, "h2d", duplex=duplex)
+            fetch_op.change_hbm("param_buffers", buffer)
+            release = _marker(f"params.release.{direction}", direction).change_hbm("param_buffers", -buffer)
+            cast = _gpu_cast(f"params.cast.{direction}", P, direction) if fsdp else None
+            layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
+            for n, (k, run) in enumerate(layer_runs):
+                ahead = seq[k - 1] if k > 0 else run
+                deps = [layer_runs[n - 2][1].last] if n >= 2 else []  # its buffer is free again
+                fetch = rw.insert_before(ahead.first, new(fetch_op, deps, run.layer, mb))
+                if cast is not None:
+                    fetch = rw.insert_before(run.first, new(cast, [fetch], run.layer, mb))
+                rw.add_dep(run.first, fetch)
+                rw.insert_after(run.last, new(release, [], run.layer, mb))
+
+
+def _bucket_count(nbytes: float, setup: OffloadSetup, price_latency_rate: tuple[float, float]) -> int:
+    """Copies a run's gradients take: DeepSpeed's fixed buckets, or buckets sized to the link."""
+    if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+        latency, rate = price_latency_rate
+        bucket = max(latency * rate * (1 - BUCKET_LATENCY_SHARE) / BUCKET_LATENCY_SHARE, 1.0)
+    elif setup.schedule == OffloadSchedule.OVERLAPPED:
+        bucket = DEEPSPEED_BUCKET_ELEMENTS * 2
+    else:
+        return 1
+    return max(1, math.ceil(nbytes / bucket))
+
+
+def _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd, price) -> None:
+    """Gradients to the host, the CPU's share of AdamW, updated parameters back; the GPU's share."""
+    sched = setup.schedule
+    P = facts.trainable
+    per_run_bytes = _grad_bytes_per_run(graph, by_mb)
+    first_bwd = by_mb[0][BWD][0].first if by_mb[0][BWD] else 0
+
+    def key(run: Run, mb: int) -> tuple[int, int]:
+        base = by_mb[mb][BWD][0].first
+        return (run.layer, run.first - base)
+
+    # The CPU takes the first cpu_share of the gradients in backward order (whole runs);
+    # the GPU keeps the tail, with its optimizer states (SuperOffload's tail buckets).
+    target, taken, on_cpu = setup.cpu_share * P, 0.0, set()
+    for run in by_mb[0][BWD]:
+        k = (run.layer, run.first - first_bwd)
+        params = per_run_bytes.get(k, 0.0) / grad_width
+        if params > 0 and taken + params <= target * (1 + 1e-9):
+            on_cpu.add(k)
+            taken += params
+    cpu_params, gpu_params = taken / setup.shard, (P - taken) / setup.shard
+
+    if sched == OffloadSchedule.SYNC and not setup.params:
+        _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan)
+        return
+    bwd_gpu = sum(op.duration for i, op in enumerate(graph.ops)
+                  if graph.microbatch[i] == 0 and op.resource == "gpu" and op.phase in ("bwd", "recompute"))
+    widths = _transfer_widths(setup, grad_width, facts, price, bwd_gpu / max(P, 1.0))
+    superoffload = sched == OffloadSchedule.SUPEROFFLOAD
+    main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
+    last_mb = max(by_mb)
+    arrivals: list[tuple[New, float, Run]] = []  # each run's last op on its way to the host
+    for mb in sorted(by_mb):
+        for run in by_mb[mb][BWD]:
+            k = key(run, mb)
+            if k not in on_cpu:
+                continue
+            params = per_run_bytes[k] / grad_width / setup.shard
+            held = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(run.first, run.last + 1))
+            deps: list = [run.last]
+            if widths.grad_gpu_cast:
+                deps = [rw.insert_after(run.last, new(_gpu_cast("grads.cast_fp32", params, "bwd"), deps, run.layer, mb))]
+            nbytes = params * widths.grad
+            d2h = _copy("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
+                        _bucket_count(nbytes, setup, widths.latency_rate_d2h), duplex_bwd)
+            if held > 0:  # the GPU gradient is freed once it has left
+                d2h.change_hbm("grads", -held)
+            last = rw.insert_after(run.last, new(d2h, deps, run.layer, mb))
+            if widths.grad_cpu_cast:
+                last = rw.insert_after(run.last, new(_cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
+                                                     [last], run.layer, mb))
+            if mb > 0:  # accumulate into the fp32 host gradient: read both, write one
+                last = rw.insert_after(run.last, new(_cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
+                                                     [last], run.layer, mb))
+            if mb == last_mb:
+                arrivals.append((last, params, run))
+    if gpu_params > 0:  # the GPU's share, after backward, on the compute stream
+        tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
+        rw.append(new(_gpu_adam(gpu_params, tensors, plan.optimizer_impl)))
+    returns = not setup.params  # else the next step fetches the updated parameters
+    barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
+    prev = None
+    later: list[New] = []
+    for arrived, params, run in arrivals:
+        deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
+        chain = [New(_cpu_adam("cpu_adamw", params, setup, main_thread), deps, run.layer, last_mb)]
+        if widths.param_cpu_cast:
+            chain.append(New(_cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
+                             run.layer, last_mb))
+        prev = chain[-1]
+        if returns:
+            nbytes = params * widths.param
+            chain.append(New(_copy("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
+                                   _bucket_count(nbytes, setup, widths.latency_rate_h2d),
+                                   superoffload and duplex_bwd), [prev], run.layer, last_mb))
+            if widths.param_gpu_cast:
+                chain.append(New(_gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], run.layer, last_mb))
+        for n in chain:
+            _price_once(n, price)
+        if superoffload:
+            # speculative: the CPU steps right behind each bucket, during backward; the copies
+            # back are queued after backward's own host-to-device traffic
+            cpu_part = [n for n in chain if n.op.resource == "cpu"]
+            for n in cpu_part:
+                rw.insert_after(run.last, n)
+            later.extend(n for n in chain if n.op.resource != "cpu")
+        else:
+            for n in chain:  # tile by tile: each layer's copy leaves while the CPU updates the next
+                rw.append(n)
+    for n in later:
+        rw.append(n)
+
+
+def _price_once(new: New, price) -> None:
+    if not new.op.duration:
+        new.op.duration = price(new.op)
+
+
+def _grad_bytes_per_run(graph: OpGraph, by_mb) -> dict[tuple[int, int], float]:
+    """Gradient bytes each backward run creates, keyed by (layer, offset in the micro-batch),
+    measured on micro-batch 0 (later ones accumulate into the same tensors)."""
+    out: dict[tuple[int, int], float] = {}
+    runs = by_mb[0][BWD]
+    if not runs:
+        return out
+    base = runs[0].first
+    for run in runs:
+        g = sum(max((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0), 0.0) for i in range(run.first, run.last + 1))
+        if g > 0:
+            out[(run.layer, run.first - base)] = g
+    return out
+
+
+@dataclass(frozen=True)
+class Widths:
+    grad: int  # bytes per parameter of a gradient on the link
+    param: int  # bytes per parameter of an updated parameter on the link
+    grad_gpu_cast: bool
+    grad_cpu_cast: bool
+    param_cpu_cast: bool
+    param_gpu_cast: bool
+    latency_rate_d2h: tuple[float, float]
+    latency_rate_h2d: tuple[float, float]
+
+
+def _transfer_widths(setup: OffloadSetup, grad_width: float, facts: StepFacts, price,
+                     gpu_seconds_per_param: float) -> Widths:
+    """What crosses the link and where the casts run.
+
+    Gradients leave in the GPU's width; a 2-byte gradient is widened to fp32 for
+    the optimizer, and updated fp32 parameters are narrowed to the GPU's 2-byte
+    working width. ZeRO-Offload casts on the CPU (low-precision transfers).
+    SuperOffload places each cast where it is cheapest: per parameter, the
+    GPU (backward plus any GPU casts), the CPU (Adam plus any CPU casts) and
+    each link direction form a pipeline, and the placement with the shortest
+    slowest stage wins (on C2C: cast on the GPU and move fp32; on PCIe: move
+    bf16 and cast on the CPU).
+    """
+    gw = 2 if grad_width < 3 else 4
+    pw = facts.gpu_param_width
+    probe = 1e9  # parameters: per-parameter costs at a size where latency does not matter
+    d2h = {w: price(_copy("probe", K.D2H, probe * w, "bwd", setup, "d2h")) / probe for w in (2, 4)}
+    h2d = {w: price(_copy("probe", K.H2D, probe * w, "opt", setup, "h2d")) / probe for w in (2, 4)}
+    gpu_cast = price(_gpu_cast("probe", probe, "bwd")) / probe
+    cpu_cast = price(_cpu_bytes("probe", probe * 6, "bwd", False)) / probe
+    adam = price(_cpu_adam("probe", probe, setup, False)) / probe
+    lat_d2h = (price(_copy("probe", K.D2H, 1.0, "bwd", setup, "d2h")), 4 / max(d2h[4], 1e-30))
+    lat_h2d = (price(_copy("probe", K.H2D, 1.0, "opt", setup, "h2d")), 4 / max(h2d[4], 1e-30))
+    if setup.fsdp_like:  # FSDP casts the reduced gradient to the fp32 parameter dtype before offloading
+        return Widths(4, 4, gw == 2, False, False, False, lat_d2h, lat_h2d)
+    fetched = setup.params  # ZeRO-Infinity: no copy back; the CPU writes the bf16 host copy instead
+    options = []
+    for g_gpu in ((False, True) if gw == 2 else (False,)):
+        for p_gpu in ((False, True) if pw == 2 and not fetched else (False,)):
+            gpu = gpu_seconds_per_param + gpu_cast * (g_gpu + p_gpu)
+            cpu = adam + cpu_cast * ((gw == 2 and not g_gpu) + ((pw == 2 or fetched) and not p_gpu))
+            down = d2h[4 if (g_gpu or gw == 4) else 2]
+            up = 0.0 if fetched else h2d[4 if (p_gpu or pw == 4) else 2]
+            options.append((max(gpu, cpu, down, up), g_gpu, p_gpu))
+    if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+        _, g_gpu, p_gpu = min(options, key=lambda o: o[0])
+    else:
+        g_gpu = p_gpu = False
+    grad_cpu_cast = gw == 2 and not g_gpu
+    param_cpu_cast = (pw == 2 or fetched) and not p_gpu
+    g_link = 4 if (g_gpu or gw == 4) else 2
+    p_link = 2 if fetched else (4 if (p_gpu or pw == 4) else 2)
+    return Widths(g_link, p_link, g_gpu, grad_cpu_cast, param_cpu_cast, p_gpu, lat_d2h, lat_h2d)
+
+
+def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan) -> None:
+    """Plain PyTorch after backward (validation/harness/train_step.py): every gradient copied to
+    pinned host memory on the compute stream, a sync, torch's AdamW on the CPU, the
+    parameters copied back, a sync. Gradients stay allocated on the GPU (p.grad)."""
+    if gpu_params > 0:
+        rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan.optimizer_impl), []))
+    if cpu_params <= 0:
+        return
+    tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
+    d2h = rw.append(new(_copy("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors), []))
+    d2h.op.host_waits = True
+    adam = rw.append(new(_cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
+    width = facts.gpu_param_width
+    last = adam
+    if width == 2:
+        last = rw.append(new(_cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, "opt", True), [adam]))
+    h2d = rw.append(new(_copy("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors), [last]))
+    h2d.op.host_waits = True
+
+
+def saved_bytes_for(plan: Plan, saved: float, x_bytes: float) -> float:
+    """What a layer offloads: its saved activations, or under full recompute its checkpointed input."""
+    return x_bytes if plan.recompute == Recompute.FULL else saved

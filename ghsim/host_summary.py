@@ -1,0 +1,75 @@
+"""What the host side did in a simulated step: bytes per link direction, busy time per resource,
+CPU optimizer time, and how much of it the GPU waited for (the report's "offload" section)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ghsim.graph import ops as K
+from ghsim.graph.offload import resolve
+from ghsim.hardware import Hardware
+from ghsim.plan import Plan
+from ghsim.report import Timeline
+from ghsim.sim.memory import TierPeak
+
+if TYPE_CHECKING:
+    from ghsim.graph.unified_memory import UnifiedMemoryUse
+
+
+def offload_section(timeline: Timeline, breakdown: dict[str, float], plan: Plan, hw: Hardware) -> dict[str, Any]:
+    ops, sched = timeline.ops, timeline.schedule
+    dur = sched.end - sched.start
+    bytes_by_dir = {K.H2D: 0.0, K.D2H: 0.0}
+    busy = {"h2d": 0.0, "d2h": 0.0, "cpu": 0.0}
+    cpu_optimizer = 0.0
+    for i, op in enumerate(ops):
+        if op.kind in bytes_by_dir and op.phase != "data":
+            bytes_by_dir[op.kind] += op.bytes
+        if op.resource in busy:
+            busy[op.resource] += float(dur[i])
+        if op.kind == K.OPT_CPU:
+            cpu_optimizer += float(dur[i])
+    setup = resolve(plan)
+    exposed = breakdown.get("wait_transfer", 0.0) + breakdown.get("memcpy", 0.0)
+    link = hw.host_link
+    summary = (f"{setup.schedule.value} schedule over {link.kind}: {bytes_by_dir[K.D2H] / 1e9:.2f} GB down, "
+               f"{bytes_by_dir[K.H2D] / 1e9:.2f} GB up; CPU optimizer {cpu_optimizer * 1e3:.1f} ms; "
+               f"GPU waits {exposed * 1e3:.1f} ms on transfers, {breakdown.get('wait_cpu', 0.0) * 1e3:.1f} ms on the CPU")
+    return {
+        "schedule": setup.schedule.value,
+        "targets": sorted(plan.offload),
+        "cpu_share": setup.cpu_share,
+        "pinned": setup.pinned,
+        "host_link": link.kind,
+        "bytes_h2d": bytes_by_dir[K.H2D],
+        "bytes_d2h": bytes_by_dir[K.D2H],
+        "busy_s": busy,
+        "cpu_optimizer_s": cpu_optimizer,
+        "exposed_transfer_s": exposed,
+        "summary": summary,
+    }
+
+
+def per_node(peak: TierPeak, gpus_on_node: int) -> TierPeak:
+    """A per-GPU host peak as the node sees it: every GPU of the node holds the same."""
+    if gpus_on_node == 1:
+        return peak
+    curve = None if peak.curve is None else np.asarray(peak.curve) * gpus_on_node
+    return TierPeak(peak.peak_bytes * gpus_on_node, peak.peak_op,
+                    {k: v * gpus_on_node for k, v in peak.breakdown.items()}, curve)
+
+
+def unified_memory_section(um: "UnifiedMemoryUse", breakdown: dict[str, float], step_time: float) -> dict[str, Any]:
+    stall = breakdown.get("um_migration", 0.0)
+    share = stall / step_time if step_time > 0 else 0.0
+    if um.active:
+        summary = (f"demand {um.demand_peak_bytes / 1e9:.1f} GB > HBM {um.hbm_capacity_bytes / 1e9:.0f} GB: "
+                   f"{um.spilled_bytes / 1e9:.1f} GB spilled, {um.migrated_bytes / 1e9:.1f} GB migrated per step "
+                   f"({stall * 1e3:.1f} ms, {share * 100:.0f}% of the step with the GPU stalled)"
+                   + (f", {um.in_place_bytes / 1e9:.1f} GB read in place" if um.in_place_bytes else ""))
+    else:
+        summary = (f"demand {um.demand_peak_bytes / 1e9:.1f} GB fits in HBM "
+                   f"{um.hbm_capacity_bytes / 1e9:.0f} GB: no page migration after the first step")
+    return {**um.to_dict(), "migration_s": stall, "migration_share": share, "summary": summary}
