@@ -314,15 +314,9 @@ def summarize(trace: ev.TraceData, *, steps: str | None = None, nvtx: str | None
     return summarize_window(trace, window, device=device, top=top)
 
 
-def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None = None,
-                     top: int = DEFAULT_TOP) -> TraceSummary:
-    notes: list[str] = []
-    timeline = trace.has_timeline
-    kernels = trace.kernels
-    cats = _kernel_categories(kernels)
-
-    busy = _busy_by_device(kernels, window) if timeline and len(kernels) else {}
-    devices = sorted(set(int(d) for d in kernels["device"].unique())
+def _choose_device(trace: ev.TraceData, busy: dict[int, float], device: int | None, notes: list[str]) -> int | None:
+    """The device asked for (which must have activity), else the busiest one."""
+    devices = sorted(set(int(d) for d in trace.kernels["device"].unique())
                      | set(int(d) for d in trace.memcpys["device"].unique())
                      | set(int(d) for d in trace.memsets["device"].unique()))
     if device is not None and device not in devices:
@@ -333,6 +327,26 @@ def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None 
         if len(devices) > 1:
             notes.append(f"{len(devices)} devices with activity; showing the busiest, device {device} "
                          f"(choose with --device)")
+    return device
+
+
+def _um_share(memcpys: pd.DataFrame, device: int | None, window: Window) -> float:
+    """Wall time with a unified-memory migration in flight, as a fraction of the window."""
+    um = memcpys[(memcpys["kind"].isin(ev.UM_DIRECTIONS) & (memcpys["device"] == device)).to_numpy()]
+    start = um["start_ns"].to_numpy()
+    bs, be = iv.merge(start, start + um["dur_ns"].to_numpy())
+    return iv.covered(bs, be, window.pieces) / window.length_ns
+
+
+def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None = None,
+                     top: int = DEFAULT_TOP) -> TraceSummary:
+    notes: list[str] = []
+    timeline = trace.has_timeline
+    kernels = trace.kernels
+    cats = _kernel_categories(kernels)
+
+    busy = _busy_by_device(kernels, window) if timeline and len(kernels) else {}
+    device = _choose_device(trace, busy, device, notes)
 
     def pick(df: pd.DataFrame, time_col: str = "start_ns") -> np.ndarray:
         mask = (df["device"] == device).to_numpy() if device is not None else np.ones(len(df), bool)
@@ -360,13 +374,7 @@ def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None 
     gpu_busy = busy.get(device, 0.0) if timeline else None
     gaps = _idle_gaps(k if window.whole_trace else kernels[(kernels["device"] == device).to_numpy()], window) \
         if timeline and length else None
-    um_share = None
-    if timeline and length:
-        um_all = trace.memcpys[(trace.memcpys["kind"].isin(ev.UM_DIRECTIONS)
-                                & (trace.memcpys["device"] == device)).to_numpy()]
-        s = um_all["start_ns"].to_numpy()
-        bs, be = iv.merge(s, s + um_all["dur_ns"].to_numpy())
-        um_share = iv.covered(bs, be, window.pieces) / length
+    um_share = _um_share(trace.memcpys, device, window) if timeline and length else None
     faults = trace.um_faults
     if timeline and not window.whole_trace and len(faults):
         faults = faults[iv.in_windows(faults["start_ns"].to_numpy(), window.pieces)]
