@@ -111,7 +111,7 @@ def measured_kernel_shares(trace: Path) -> tuple[dict[str, float], float | None]
     """Kernel time share by category, and the busy fraction, from the case's own trace."""
     from ghsim.traces import load_trace, summarize
 
-    s = summarize(load_trace(trace))
+    s = summarize(load_trace(trace), steps="all")  # the profiled steps, as the harness measured them
     return dict(s.kernel_share_by_category), s.gpu_busy_fraction
 
 
