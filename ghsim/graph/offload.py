@@ -285,9 +285,12 @@ def _marker(name: str, phase: str) -> Op:
     return Op(name=name, category="other", kind=K.HOST_WORK, resource="gpu", kernels=0, phase=phase)
 
 
-def _gpu_adam(params: float, n_tensors: int, impl: str) -> Op:
+def _gpu_adam(params: float, n_tensors: int, plan: Plan) -> Op:
+    """The GPU's share of AdamW: DeepSpeed runs its fused multi-tensor Adam; PyTorch the plan's impl."""
     launches = max(1, math.ceil(n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH))
-    impl = impl if impl in ("foreach", "fused") else "fused"
+    impl = plan.optimizer_impl
+    if plan.framework == Framework.DEEPSPEED or impl not in ("foreach", "fused"):
+        impl = "fused"
     return Op(name=f"adamw.{impl}.gpu_share", category="optimizer", kind=K.OPT_GPU, resource="gpu", params=params,
               variant=impl, kernels=launches * (12 if impl == "foreach" else 1), phase="opt",
               hbm_transient=4 * params if impl == "foreach" else 0.0, mem_tag="optimizer_temp")
@@ -466,7 +469,7 @@ def _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd
                 arrivals.append((last, params, run))
     if gpu_params > 0:  # the GPU's share, after backward, on the compute stream
         tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
-        rw.append(new(_gpu_adam(gpu_params, tensors, plan.optimizer_impl)))
+        rw.append(new(_gpu_adam(gpu_params, tensors, plan)))
     returns = not setup.params  # else the next step fetches the updated parameters
     barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
     prev = None
@@ -583,7 +586,7 @@ def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, p
     pinned host memory on the compute stream, a sync, torch's AdamW on the CPU, the
     parameters copied back, a sync. Gradients stay allocated on the GPU (p.grad)."""
     if gpu_params > 0:
-        rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan.optimizer_impl), []))
+        rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan), []))
     if cpu_params <= 0:
         return
     tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
