@@ -60,6 +60,9 @@ def plan_options(f: Callable) -> Callable:
         click.option("--tp", type=int, default=None),
         click.option("--pp", type=int, default=None),
         click.option("--ep", type=int, default=None),
+        click.option("--sequence-parallel", is_flag=True, default=None,
+                     help="Megatron sequence parallelism with --tp (norms and residuals split over the sequence)."),
+        click.option("--pp-interleave", type=int, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
         click.option("--lora-rank", type=int, default=None),
         click.option("--cuda-graphs", is_flag=True, default=None, help="Replay the step as CUDA graphs (cheap launches)."),
         click.option("--dataloader-workers", type=int, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
@@ -80,6 +83,7 @@ _FLAG_TO_FIELD = {
     "offload": "offload", "offload_ratio": "offload_ratio", "offload_schedule": "offload_schedule",
     "offload_pinned": "offload_pinned", "unified_memory": "unified_memory", "tp": "tp",
     "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "cuda_graphs": "cuda_graphs",
+    "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
 }
 

@@ -66,6 +66,7 @@ class Link:
     kind: str
     bandwidth: float  # bytes/s per GPU per direction
     latency_s: float
+    per_peer: float = 0.0  # bytes/s between one GPU pair on a switchless mesh (0: any pair gets `bandwidth`)
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,8 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
             kind=str(gl_t.get("kind", "")),
             bandwidth=s(gl_t, "bandwidth_gbps", "gpu_link") * GB,
             latency_s=s(gl_t, "latency_us", "gpu_link") * 1e-6,
+            per_peer=(s(gl_t, "per_peer_bandwidth_gbps", "gpu_link") * GB
+                      if "per_peer_bandwidth_gbps" in gl_t else 0.0),
         ),
         gpus_per_node=gpus_per_node,
         network=Link(

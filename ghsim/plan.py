@@ -71,6 +71,8 @@ class Plan:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    sequence_parallel: bool = False  # Megatron sequence parallelism (with tp > 1)
+    pp_interleave: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
     lora_rank: int = 0
     cuda_graphs: bool = False
     dataloader_workers: int = 2
@@ -135,6 +137,10 @@ class Plan:
             parts.append(f"--pp {self.pp}")
         if self.ep > 1:
             parts.append(f"--ep {self.ep}")
+        if self.sequence_parallel:
+            parts.append("--sequence-parallel")
+        if self.pp_interleave > 1:
+            parts.append(f"--pp-interleave {self.pp_interleave}")
         if self.lora_rank:
             parts.append(f"--lora-rank {self.lora_rank}")
         if self.offload_ratio != 1.0:
@@ -174,7 +180,7 @@ def parse_offload(value: Any) -> frozenset[str]:
 
 _INT_FIELDS = {
     "gpus", "gpus_per_node", "seq", "micro_batch", "global_batch", "zero",
-    "tp", "pp", "ep", "lora_rank", "dataloader_workers",
+    "tp", "pp", "ep", "lora_rank", "dataloader_workers", "pp_interleave",
 }
 
 
@@ -199,7 +205,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = parse_offload(value)
         elif key == "offload_schedule":
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
-        elif key in ("unified_memory", "cuda_graphs", "offload_pinned"):
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
@@ -226,7 +232,7 @@ def load_plan_toml(path: Path) -> Plan:
 
 def check_plan(plan: Plan) -> None:
     """Reject plans that are impossible regardless of model and hardware."""
-    for name in ("gpus", "seq", "micro_batch", "tp", "pp", "ep"):
+    for name in ("gpus", "seq", "micro_batch", "tp", "pp", "ep", "pp_interleave"):
         if getattr(plan, name) < 1:
             raise GhsimError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
     for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers"):

@@ -12,6 +12,7 @@ from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, resident_peak
 from ghsim.host_summary import offload_section, per_node, unified_memory_section
 from ghsim.errors import GhsimError
+from ghsim.graph.parallel import check_layout
 from ghsim.graph.step import build_step, param_counts, static_bytes
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
@@ -19,6 +20,7 @@ from ghsim.plan import Plan, Precision, check_plan
 from ghsim.report import StepReport, Timeline, gpu_busy_and_breakdown
 from ghsim.sim import engine
 from ghsim.sim.memory import hbm_peak, host_peak
+from ghsim.simulate_parallel import simulate_parallel
 
 RESOURCES = (
     engine.Resource("gpu"),  # the compute stream
@@ -31,10 +33,8 @@ RESOURCES = (
 def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     """Plan choices the model or the hardware cannot honour: one clear line each."""
     check_plan(plan)
-    if plan.gpus > 1 or plan.tp > 1 or plan.pp > 1 or plan.zero:
-        raise GhsimError(
-            "multi-GPU plans (--gpus > 1, --tp, --pp, --zero) are not simulated yet by this build"
-        )
+    if plan.gpus > 1:
+        check_layout(model, hw, plan)
     if plan.seq > model.max_seq_len * 64:
         raise GhsimError(f"--seq {plan.seq} is far beyond {model.name}'s context ({model.max_seq_len})")
     if plan.unified_memory and not hw.unified_memory.supported:
@@ -56,6 +56,8 @@ def model_flops(model: ModelSpec, plan: Plan) -> float:
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
+    if plan.gpus > 1:  # one rank per pipeline stage, the others by symmetry
+        return simulate_parallel(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)
     check_offload(plan)
     cal = calibration or load_calibration(hw.calibration)
     host_side = HostSide.of(hw, plan, cal)  # per-GPU shares of host link, CPU and host memory

@@ -12,7 +12,7 @@ from typing import Callable
 
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
-from ghsim.graph.transformer import RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS, LayerBuilder, Tensors
+from ghsim.graph.transformer import RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS, LayerBuilder, LayerSplit, Tensors
 from ghsim.model import ModelSpec
 from ghsim.graph.offload import StepFacts, apply_offload
 from ghsim.graph.offload import resolve as resolve_offload
@@ -43,14 +43,16 @@ def param_counts(model: ModelSpec, plan: Plan) -> ParamCounts:
     return ParamCounts(model.total_params, model.total_params, model.num_layers * per_layer_tensors + 3)
 
 
-def _layer_templates(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op], list[Op], float]:
+def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSplit()
+                     ) -> tuple[list[Op], list[Op], list[Op], float]:
     """Forward ops, backward ops (including any recompute) and the saved bytes of one layer.
 
     Returns (forward, backward, weight copies held until the forward ends, saved bytes).
+    `split` shards the layer over tensor/expert-parallel ranks (graph/parallel.py).
     """
     full = plan.recompute == Recompute.FULL
-    b = LayerBuilder(model, plan)
-    x_bytes = b.T * model.hidden_size * b.dt.residual
+    b = LayerBuilder(model, plan, split)
+    x_bytes = b.Tn * model.hidden_size * b.dt.residual
     b.t.live["x"] = x_bytes
     kept = b.forward(save=not full)
     fwd = b.ops
@@ -64,7 +66,7 @@ def _layer_templates(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op], 
     if full:  # the checkpointed forward runs again, keeping what backward needs
         kept = b.forward(save=True, phase="recompute")
         b.t.free(b.ops[-1], ["x_next"])
-    b.t.live["g"] = x_bytes if not b.dt.autocast_casts else b.T * model.hidden_size * 4
+    b.t.live["g"] = x_bytes if not b.dt.autocast_casts else b.Tn * model.hidden_size * 4
     b.backward(kept)
     return fwd, b.ops, cache_bytes, saved
 

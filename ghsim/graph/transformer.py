@@ -108,6 +108,27 @@ class Tensors:
 
 
 @dataclass(frozen=True)
+class LayerSplit:
+    """How one decoder layer is split over GPUs, Megatron-LM style (the default: one GPU).
+
+    LayerBuilder is given the per-rank shard of the model (heads, kv heads, FFN
+    width and experts already divided, see graph/parallel.py); this says which
+    collectives join the shards. Column-parallel q/k/v and gate/up, row-parallel
+    o and down: one all-reduce after o and after down in forward, one after the
+    q/k/v and gate/up input gradients in backward (Shoeybi et al. 2019). With
+    sequence parallelism (Korthikanti et al. 2022) norms and residuals hold
+    seq/tp tokens, each all-reduce becomes a reduce-scatter and an all-gather
+    feeds the column-parallel GEMMs (re-gathered in backward for their wgrad).
+    With experts over `ep` ranks, tokens go to their experts and come back by
+    all-to-all, forward and backward.
+    """
+
+    tp: int = 1
+    sequence_parallel: bool = False
+    ep: int = 1
+
+
+@dataclass(frozen=True)
 class Projection:
     name: str
     n_out: int
@@ -122,10 +143,14 @@ class LayerBuilder:
     layer before, kept for this layer's backward), "x_next" its output.
     """
 
-    def __init__(self, model: ModelSpec, plan: Plan):
+    def __init__(self, model: ModelSpec, plan: Plan, split: LayerSplit = LayerSplit()):
         self.m = model
         self.plan = plan
+        self.split = split
         self.T = plan.micro_batch * plan.seq
+        # tokens in the norm/residual regions: a 1/tp slice of the sequence under sequence parallelism
+        self.Tn = self.T // split.tp if split.sequence_parallel and split.tp > 1 else self.T
+        self._after: int | None = None  # a collective the next op waits for
         self.dt = Dtypes.of(plan)
         h, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
         self.attn_in = [Projection("q_proj", q, h), Projection("k_proj", kv, h), Projection("v_proj", kv, h)]
@@ -148,6 +173,9 @@ class LayerBuilder:
 
     # --- op constructors --------------------------------------------------------------
     def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float) -> Op:
+        if self._after is not None:
+            op.deps = op.deps + (self._after,)
+            self._after = None
         self.t.create(op, creates or {})
         self.t.free(op, frees or [])
         op.hbm_transient = transient
@@ -166,6 +194,37 @@ class LayerBuilder:
         op = Op(name=name, category="gemm", kind=K.GEMM, resource="gpu", shape=(int(m), int(n), int(k)),
                 flops=2.0 * m * n * k, dtype=dtype)
         return self._emit(op, creates, frees, transient)
+
+    def collective(self, name: str, kind: str, nbytes: float, resource: str, creates=None, frees=None) -> Op:
+        """A collective on its group's link stream: it waits for the op before it, the next op waits for it."""
+        op = Op(name=name, category="communication", kind=K.COLLECTIVE, resource=resource, variant=kind,
+                bytes=nbytes, deps=(len(self.ops) - 1,))
+        self._emit(op, creates, frees, 0.0)
+        self._after = len(self.ops) - 1
+        return op
+
+    def tp_gather(self, name: str, tensor_bytes: float, out: str) -> str | None:
+        """Sequence parallelism: all-gather a seq/tp-sharded tensor into `out` (full bytes given)."""
+        if self.Tn == self.T:
+            return None
+        self.collective(name, "all_gather", tensor_bytes, "tp", creates={out: tensor_bytes})
+        return out
+
+    def tp_reduce(self, name: str, tensor: str, tensor_bytes: float) -> str:
+        """Sum the partial outputs of a row-parallel GEMM; returns the name of the summed tensor."""
+        if self.split.tp == 1:
+            return tensor
+        if self.Tn == self.T:
+            self.collective(name, "all_reduce", tensor_bytes, "tp")
+            return tensor
+        out = tensor + ".sp"
+        self.collective(name, "reduce_scatter", tensor_bytes, "tp", creates={out: tensor_bytes / self.split.tp},
+                        frees=[tensor])
+        return out
+
+    def ep_all_to_all(self, name: str, nbytes: float) -> None:
+        if self.split.ep > 1:
+            self.collective(name, "all_to_all", nbytes, "ep")
 
     def release(self, names: list[str]) -> None:
         """Tensors whose last forward use has passed: kept if saved for backward, else freed."""
@@ -256,10 +315,14 @@ class LayerBuilder:
         kept: dict[str, list[str]] = {}
 
         # input RMSNorm (fp32 math): keeps rstd and the normalised tensor (and x, the input)
-        self.mem("input_norm", "rmsnorm_fwd", T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
-                 creates={"n1.normed": T * h * 4, "n1.rstd": T * 4, "n1.out": T * h * rs}, transient=T * h * 4)
+        Tn = self.Tn
+        self.mem("input_norm", "rmsnorm_fwd", Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+                 creates={"n1.normed": Tn * h * 4, "n1.rstd": Tn * 4, "n1.out": Tn * h * rs}, transient=Tn * h * 4)
+        gathered = self.tp_gather("n1.all_gather", T * h * rs, "n1.g")
         for p, out in zip(self.attn_in, ("q", "k", "v")):
-            kept[p.name] = self.projection_fwd(p, "n1.out", rs, out)
+            kept[p.name] = self.projection_fwd(p, gathered or "n1.out", rs, out)
+        if gathered:  # not saved: backward gathers it again
+            self.t.free(self.ops[-1], [gathered])
         self.release(["n1.normed", "n1.rstd"])
         if dt.autocast_casts or self.plan.precision == Precision.FP8:
             self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept
@@ -277,18 +340,23 @@ class LayerBuilder:
         self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
         kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
         self.release(["q_rot", "k_rot", "v", "o"] + ([] if selective else ["lse"]))
-        self.mem("attn_residual", "add", T * h * (2 * rs + act), 1, "elementwise",
-                 creates={"h1": T * h * rs}, frees=["attn_out"])
+        attn_out = self.tp_reduce("attn_out.tp_reduce", "attn_out", T * h * act)
+        self.mem("attn_residual", "add", Tn * h * (2 * rs + act), 1, "elementwise",
+                 creates={"h1": Tn * h * rs}, frees=[attn_out])
         # post-attention RMSNorm and the MLP
-        self.mem("post_attn_norm", "rmsnorm_fwd", T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
-                 creates={"n2.normed": T * h * 4, "n2.rstd": T * 4, "n2.out": T * h * rs}, transient=T * h * 4)
+        self.mem("post_attn_norm", "rmsnorm_fwd", Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+                 creates={"n2.normed": Tn * h * 4, "n2.rstd": Tn * 4, "n2.out": Tn * h * rs}, transient=Tn * h * 4)
+        gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
         if m.moe is not None:
             self.gemm("router", T, m.moe.num_experts, h, dt.gemm)
             self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, "other",
                      transient=self.mlp_tokens * h * act)
+            self.ep_all_to_all("moe_dispatch.all_to_all", self.mlp_tokens * h * act)
         mlp_outs = ("gate", "up")[: len(self.mlp_in)]
         for p, out in zip(self.mlp_in, mlp_outs):
-            kept[p.name] = self.projection_fwd(p, "n2.out", rs, out)
+            kept[p.name] = self.projection_fwd(p, gathered or "n2.out", rs, out)
+        if gathered:
+            self.t.free(self.ops[-1], [gathered])
         self.release(["n2.normed", "n2.rstd", "h1"])
         if dt.autocast_casts or self.plan.precision == Precision.FP8:
             self.t.free(self.ops[-1], ["n2.out"])
@@ -300,9 +368,11 @@ class LayerBuilder:
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
         self.release(list(mlp_outs) + ["act", "prod"])
         if m.moe is not None:
+            self.ep_all_to_all("moe_combine.all_to_all", self.mlp_tokens * h * act)
             self.mem("moe_combine", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
-        self.mem("mlp_residual", "add", T * h * (2 * rs + act), 1, "elementwise",
-                 creates={"x_next": T * h * rs}, frees=["mlp_out"])
+        mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
+        self.mem("mlp_residual", "add", Tn * h * (2 * rs + act), 1, "elementwise",
+                 creates={"x_next": Tn * h * rs}, frees=[mlp_out])
         if not save:
             for names in kept.values():
                 self.t.free(self.ops[-1], [n for n in names if n in self.t.live and not n.endswith(".w16")])
@@ -317,24 +387,39 @@ class LayerBuilder:
         act = dt.act
         g = 4 if dt.autocast_casts else dt.residual  # bytes of the residual-stream gradient
         grad_cast = dt.autocast_casts
+        Tn = self.Tn
         # MLP branch
-        self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", T * h * (g + act), 1 if grad_cast else 0, "elementwise",
-                 creates={"g_mlp_out": T * h * act})
+        self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0, "elementwise",
+                 creates={"g_mlp_out": Tn * h * act})
+        g_mlp_out = "g_mlp_out"
+        if self.tp_gather("g_mlp_out.all_gather", T * h * act, "g_mlp_out.g"):
+            self.t.free(self.ops[-1], [g_mlp_out])
+            g_mlp_out = "g_mlp_out.g"
         if m.moe is not None:
             self.mem("moe_combine.bwd", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
-        self.projection_bwd(self.down, "g_mlp_out", "g_prod", kept["down_proj"])
+            self.ep_all_to_all("moe_combine.bwd.all_to_all", self.mlp_tokens * h * act)
+        self.projection_bwd(self.down, g_mlp_out, "g_prod", kept["down_proj"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
         grads_in = {f"g_{n}": ff for n in ("gate", "up")[: len(self.mlp_in)]}
         self.mem("swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, "elementwise", creates=grads_in,
                  frees=["g_prod", *[n for n in ("gate", "up", "act", "prod") if n in self.t.live]])
-        self._input_grads(self.mlp_in, list(grads_in), kept, "g_n2", extra_free=["n2.out"])
+        regathered = self.tp_gather("n2.all_gather.bwd", T * h * self.dt.residual, "n2.g")  # for the wgrads
+        if m.moe is not None:
+            self.ep_all_to_all("moe_dispatch.bwd.all_to_all", self.mlp_tokens * h * act)
+        self._input_grads(self.mlp_in, list(grads_in), kept, "g_n2",
+                          extra_free=["n2.out"] + ([regathered] if regathered else []))
         if m.moe is not None:
             self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
-        self._norm_bwd("post_attn_norm", "n2", "g_n2", "h1")
+        g_n2 = self.tp_reduce("g_n2.tp_reduce", "g_n2", T * h * (4 if dt.autocast_casts else act))
+        self._norm_bwd("post_attn_norm", "n2", g_n2, "h1")
         # attention branch
-        self.mem("attn_residual.bwd", "cast_fp32_to_bf16", T * h * (g + act), 1 if grad_cast else 0, "elementwise",
-                 creates={"g_attn_out": T * h * act})
-        self.projection_bwd(self.o_proj, "g_attn_out", "g_o", kept["o_proj"])
+        self.mem("attn_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0, "elementwise",
+                 creates={"g_attn_out": Tn * h * act})
+        g_attn_out = "g_attn_out"
+        if self.tp_gather("g_attn_out.all_gather", T * h * act, "g_attn_out.g"):
+            self.t.free(self.ops[-1], [g_attn_out])
+            g_attn_out = "g_attn_out.g"
+        self.projection_bwd(self.o_proj, g_attn_out, "g_o", kept["o_proj"])
         shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
         if self.plan.recompute == Recompute.SELECTIVE:
             recompute = Op(name="flash_attn.recompute", category="attention", kind=K.ATTN_FWD, resource="gpu",
@@ -347,8 +432,11 @@ class LayerBuilder:
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
         self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, "elementwise",
                  creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
-        self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1", extra_free=["n1.out"])
-        self._norm_bwd("input_norm", "n1", "g_n1", "x")
+        regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g")
+        self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1",
+                          extra_free=["n1.out"] + ([regathered] if regathered else []))
+        g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
+        self._norm_bwd("input_norm", "n1", g_n1, "x")
 
     def _input_grads(self, projs: list[Projection], grads: list[str], kept: dict[str, list[str]],
                      into: str, extra_free: list[str] | None = None) -> None:
@@ -370,7 +458,7 @@ class LayerBuilder:
 
     def _norm_bwd(self, name: str, prefix: str, grad: str, norm_input: str) -> None:
         """RMSNorm backward, then the residual sum: g += grad through the norm."""
-        T, h = self.T, self.m.hidden_size
+        T, h = self.Tn, self.m.hidden_size
         g = 4 if self.dt.autocast_casts else self.dt.residual
         saved = [n for n in (f"{prefix}.normed", f"{prefix}.rstd", norm_input) if n in self.t.live]
         weight_grad = {} if self.plan.lora_rank else {f"grad.{name}": h * self.dt.grad}

@@ -11,11 +11,18 @@ of (its dependencies' ends, the time the host issued it, the time a server of it
 queue comes free, the start of the op before it in the same queue), and no
 later event can change that. A min-heap per resource holds its servers' free
 times, so a pool of N workers runs N ops at once and never more.
+
+Shared processors: a resource may be slowed by others (a GPU compute stream
+by communication kernels, which hold some of its SMs). An op on it then runs
+at (1 - slowdown) of its rate while any of those resources is busy with work
+issued before it; work issued after it is not seen (a kernel already running
+keeps its SMs), which keeps the pass single and in issue order.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,6 +33,8 @@ import numpy as np
 class Resource:
     name: str
     servers: int = 1  # ops it can run at once (1 for a stream or link direction)
+    slowed_by: tuple[str, ...] = ()  # resources whose busy time takes part of this one's processors
+    slowdown: float = 0.0  # fraction of this resource's rate lost while any of them is busy
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,11 @@ def run(
     issued = [0.0] * n
     servers = [[0.0] * r.servers for r in resources]  # free times, kept as heaps
     last_start = [0.0] * len(resources)
+    names = {r.name: k for k, r in enumerate(resources)}
+    slowing = [[names[x] for x in r.slowed_by if x in names] if r.slowdown > 0 else [] for r in resources]
+    watched = {k for ks in slowing for k in ks}
+    busy: dict[int, tuple[list[float], list[float], bool]] = {
+        k: ([], [], resources[k].servers == 1) for k in watched}
     host = 0.0
     for i in range(n):
         host += issue_cost[i]
@@ -73,6 +87,11 @@ def run(
         if last_start[r] > s:
             s = last_start[r]
         e = s + duration[i]
+        if slowing[r] and duration[i] > 0:
+            e = _shared_end(s, duration[i], resources[r].slowdown, [busy[k] for k in slowing[r]])
+        if r in watched:
+            busy[r][0].append(s)
+            busy[r][1].append(e)
         heapq.heapreplace(free, e)
         last_start[r] = s
         start[i] = s
@@ -81,3 +100,34 @@ def run(
             host = e
     makespan = max(max(end, default=0.0), host)
     return Schedule(np.array(start), np.array(end), np.array(issued), makespan)
+
+
+def _shared_end(start: float, work: float, slowdown: float,
+                busy: list[tuple[list[float], list[float], bool]]) -> float:
+    """End of `work` seconds begun at `start`, run at (1 - slowdown) while any busy interval covers it."""
+    rate = 1.0 - slowdown
+    horizon = start + work / rate
+    spans = []
+    for starts, ends, single_server in busy:
+        k = bisect_right(ends, start) if single_server else 0  # one server: ends never decrease
+        while k < len(starts) and starts[k] < horizon:
+            if ends[k] > start:
+                spans.append((max(starts[k], start), ends[k]))
+            k += 1
+    if not spans:
+        return start + work
+    spans.sort()
+    t, left = start, work
+    for a, b in spans:
+        if b <= t:
+            continue
+        if a > t:
+            if left <= a - t:
+                return t + left
+            left -= a - t
+            t = a
+        if left <= (b - t) * rate:
+            return t + left / rate
+        left -= (b - t) * rate
+        t = b
+    return t + left

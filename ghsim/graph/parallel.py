@@ -1,0 +1,461 @@
+"""Multi-GPU layouts and the op graph of one micro-batch on one representative rank.
+
+A plan with tp x pp x dp GPUs (and ep expert-parallel ranks carved out of dp)
+is simulated on one rank per pipeline stage: the ranks of a stage do the same
+work on other data, so one stands for all (symmetry). This module
+
+- places ranks on nodes the way Megatron-LM does (tp fastest, then dp, then pp)
+  and says, for each communicator, how many of its ranks share a node;
+- shards the model for one rank (heads, FFN width, vocabulary over tp; experts over ep);
+- says what model state one GPU holds under each ZeRO stage and framework;
+- builds the kernel-level op graph of one micro-batch of one pipeline chunk,
+  with the tensor-parallel collectives inside each layer (graph/transformer.py),
+  ZeRO-3 parameter gathers with prefetch, and data-parallel gradient
+  reductions in buckets overlapping the backward, on their own link streams.
+
+graph/pipeline.py then schedules these micro-batches across stages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ghsim.errors import GhsimError
+from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
+from ghsim.graph import ops as K
+from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.step import (
+    ParamCounts,
+    _embedding_bwd,
+    _accumulate_instead_of_allocating,
+    _embedding_fwd,
+    _layer_templates,
+    _loss_ops,
+    _optimizer_ops,
+    param_counts,
+)
+from ghsim.graph.transformer import Dtypes, LayerSplit
+from ghsim.hardware import Hardware
+from ghsim.model import ModelSpec
+from ghsim.plan import Framework, Plan
+
+# Gradient buckets, by framework (bytes of gradients reduced per collective call).
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25), the default
+DEEPSPEED_BUCKET_ELEMENTS = 5e8  # DeepSpeed zero_optimization.reduce_bucket_size default
+# FSDP reduces each wrapped unit (one decoder layer here) on its own.
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the plan's GPUs are arranged: parallel degrees and node size."""
+
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    gpus_per_node: int
+    interleave: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
+    sequence_parallel: bool = False
+
+    @staticmethod
+    def of(plan: Plan, hw: Hardware) -> "Layout":
+        per_node = plan.gpus_per_node or min(hw.gpus_per_node, plan.gpus)
+        return Layout(plan.gpus, plan.tp, plan.pp, plan.dp, plan.ep, min(per_node, plan.gpus),
+                      getattr(plan, "pp_interleave", 1), getattr(plan, "sequence_parallel", False))
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.gpus_per_node)
+
+    @property
+    def chunks(self) -> int:
+        """Pipeline chunks (virtual stages) the layers are cut into."""
+        return self.pp * self.interleave
+
+    def _group(self, name: str, size: int, stride: int) -> Group:
+        per_node = min(size, max(1, self.gpus_per_node // stride))
+        return Group(name, size, per_node)
+
+    def groups(self) -> dict[str, Group]:
+        """Communicators of one rank, by the link stream their collectives run on."""
+        return {
+            "tp": self._group("tp", self.tp, 1),
+            "dp": self._group("dp", self.dp, self.tp),
+            "ep": self._group("ep", self.ep, self.tp),
+            "pp": self._group("pp", self.pp, self.tp * self.dp),
+        }
+
+    def split(self) -> LayerSplit:
+        return LayerSplit(self.tp, self.sequence_parallel and self.tp > 1, self.ep)
+
+
+def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
+    """Multi-GPU plan choices the model or the hardware cannot honour: one clear line each."""
+    tp, pp, ep = plan.tp, plan.pp, plan.ep
+    v = getattr(plan, "pp_interleave", 1)
+    if plan.gpus_per_node > hw.gpus_per_node:
+        raise GhsimError(f"--gpus-per-node {plan.gpus_per_node} exceeds the {hw.gpus_per_node} GPU(s) "
+                         f"a {hw.name} node has")
+    per_node = plan.gpus_per_node or min(hw.gpus_per_node, plan.gpus)
+    if plan.gpus > per_node and plan.gpus % per_node:
+        raise GhsimError(f"--gpus {plan.gpus} is not a whole number of {per_node}-GPU nodes")
+    if model.num_attention_heads % tp:
+        raise GhsimError(f"--tp {tp} does not divide {model.name}'s {model.num_attention_heads} attention heads")
+    if model.num_kv_heads % tp:
+        raise GhsimError(f"--tp {tp} does not divide {model.name}'s {model.num_kv_heads} key/value heads "
+                         "(Megatron would replicate them; not modeled)")
+    if model.num_layers % (pp * v):
+        what = f"pp*interleave = {pp}*{v}" if v > 1 else f"--pp {pp}"
+        raise GhsimError(f"{what} does not divide {model.name}'s {model.num_layers} layers")
+    if ep > 1:
+        if model.moe is None:
+            raise GhsimError(f"--ep {ep} needs a mixture-of-experts model; {model.name} is dense")
+        if model.moe.num_experts % ep:
+            raise GhsimError(f"--ep {ep} does not divide {model.name}'s {model.moe.num_experts} experts")
+        if plan.dp % ep:
+            raise GhsimError(f"--ep {ep} must divide the data-parallel size {plan.dp} (experts are spread "
+                             "over data-parallel ranks)")
+    if v > 1 and plan.grad_accum % pp:
+        raise GhsimError(f"interleaved pipelining needs micro-batches per step ({plan.grad_accum}) to be a "
+                         f"multiple of --pp {pp}")
+    if getattr(plan, "sequence_parallel", False) and (plan.micro_batch * plan.seq) % tp:
+        raise GhsimError(f"sequence parallelism needs tokens per micro-batch divisible by --tp {tp}")
+
+
+def rank_shard(model: ModelSpec, layout: Layout) -> ModelSpec:
+    """The slice of the model one rank computes: heads, kv heads, FFN width and vocabulary
+    over tp (Megatron pads the vocabulary to a multiple of tp), experts over ep."""
+    tp = layout.tp
+    moe = model.moe
+    if moe is not None:
+        moe = replace(moe, num_experts=max(1, moe.num_experts // layout.ep),
+                      expert_intermediate_size=math.ceil(moe.expert_intermediate_size / tp))
+    return replace(model, num_attention_heads=model.num_attention_heads // tp,
+                   num_kv_heads=max(1, model.num_kv_heads // tp),
+                   intermediate_size=math.ceil(model.intermediate_size / tp),
+                   vocab_size=math.ceil(model.vocab_size / tp), moe=moe)
+
+
+# --- model state per GPU ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model-state fragment before any sharding.
+
+    torch-amp: fp32 params and grads, AdamW moments (8 B). deepspeed: bf16/fp16
+    params and grads, fp32 master copy and moments (2 + 2 + 12: the ZeRO
+    paper's K = 12). fsdp-mixed: the fp32 flat parameters are the masters; the
+    bf16 parameters exist only gathered (ZeRO-3) or from forward to backward.
+    """
+
+    params: float
+    grads: float
+    master: float
+    optimizer: float = 8.0
+
+    @staticmethod
+    def of(plan: Plan) -> "StateBytes":
+        dt = Dtypes.of(plan)
+        if plan.lora_rank or dt.param == 4:
+            return StateBytes(dt.param, dt.grad, 0.0)
+        if plan.framework == Framework.FSDP_MIXED and plan.zero >= 3:
+            return StateBytes(0.0, dt.grad, 4.0)
+        return StateBytes(dt.param, dt.grad, 4.0)
+
+
+def model_states(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
+    """Per-GPU bytes of each model-state fragment, as the ZeRO paper counts them (Sec. 5):
+    stage 1 shards the optimizer state (and fp32 masters) over dp ranks, 2 also the
+    gradients, 3 also the parameters."""
+    z = plan.zero if dp > 1 else 0
+    sb = StateBytes.of(plan)
+    frozen = params - trainable
+    out = {"params": (trainable * sb.params + frozen * Dtypes.of(plan).param) / (dp if z >= 3 else 1)}
+    if plan.lora_rank:
+        out["params"] += trainable * 4 / (dp if z >= 3 else 1)
+    out["grads"] = trainable * sb.grads / (dp if z >= 2 else 1)
+    if "optimizer" not in plan.offload:
+        if sb.master:
+            out["master_params"] = trainable * sb.master / (dp if z >= 1 else 1)
+        out["optimizer_states"] = trainable * sb.optimizer / (dp if z >= 1 else 1)
+    return out
+
+
+def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
+    """The part of model_states() held from the start of the step. Full gradients
+    (ZeRO 0/1) appear during backward, and under ZeRO-2/3 a bucket's full gradients
+    live until their reduce-scatter: both come from the op graph."""
+    out = model_states(params, trainable, plan, dp)
+    if not (plan.zero >= 2 and dp > 1):
+        del out["grads"]
+    return out
+
+
+# --- one micro-batch of one chunk -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Chunk:
+    """A pipeline chunk: consecutive layers, with the embedding (first) or the loss (last)."""
+
+    layers: int
+    first: bool
+    last: bool
+
+
+@dataclass(frozen=True)
+class ChunkParams:
+    params: float  # parameters one rank holds for the chunk
+    trainable: float
+    layer_bytes: float  # one layer's working-precision parameters (what ZeRO-3 gathers)
+
+
+def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk) -> ChunkParams:
+    local = rank_shard(model, layout)
+    per_layer = local.layer_params
+    counts = param_counts(local, plan)
+    trainable_per_layer = counts.trainable / local.num_layers if plan.lora_rank else per_layer
+    params = chunk.layers * per_layer
+    trainable = chunk.layers * trainable_per_layer
+    if chunk.first:
+        params += local.embedding_params
+        trainable += 0 if plan.lora_rank else local.embedding_params
+    if chunk.last:
+        head = local.lm_head_params + local.hidden_size * (2 if local.norm == "layernorm" else 1)
+        params += head
+        trainable += 0 if plan.lora_rank else head
+    return ChunkParams(params, trainable, per_layer * Dtypes.of(plan).param)
+
+
+@dataclass(frozen=True)
+class MicrobatchGraph:
+    """One micro-batch of one chunk on one rank, with marks the pipeline needs."""
+
+    graph: OpGraph
+    fwd_last: int  # last op of the forward
+    bwd_last: int  # last compute-stream op of the backward
+    tail_first: int  # first op after the backward (gradient flush, optimizer); len(graph) if none
+    saved_bytes: float  # HBM the forward leaves for the backward (activations in flight)
+
+
+class _RankGraph:
+    """OpGraph with 'the next op waits for these' bookkeeping for ops outside templates."""
+
+    def __init__(self) -> None:
+        self.g = OpGraph()
+        self.pending: tuple[int, ...] = ()
+
+    def add(self, op: Op, then_wait: bool = False) -> int:
+        op.deps = tuple(sorted(set(op.deps + self.pending)))
+        self.pending = ()
+        i = self.g.add(op)
+        if then_wait:
+            self.pending = (i,)
+        return i
+
+    def extend(self, template: list[Op], layer: int = -1) -> tuple[int, int]:
+        first, last = self.g.extend(template, layer=layer)
+        if self.pending:
+            self.g.deps[first] = tuple(sorted(set(self.g.deps[first] + self.pending)))
+            self.pending = ()
+        return first, last
+
+    def wait_before(self, i: int) -> None:
+        self.pending = tuple(sorted(set(self.pending + (i,))))
+
+    @property
+    def last(self) -> int:
+        return len(self.g) - 1
+
+
+def _comm(name: str, kind: str, resource: str, nbytes: float, seconds: float, phase: str,
+          calls: int = 1, deps: tuple[int, ...] = ()) -> Op:
+    op = Op(name=name, category="communication", kind=K.COLLECTIVE, resource=resource, variant=kind,
+            bytes=nbytes, kernels=calls, deps=deps, phase=phase)
+    op.duration = seconds
+    return op
+
+
+def _marker(name: str, phase: str) -> Op:
+    """A zero-time op whose place in issue order carries a memory change."""
+    return Op(name=name, category="other", kind=K.HOST_WORK, resource="mem", kernels=0, phase=phase)
+
+
+def _grad_bytes(template: list[Op]) -> float:
+    return sum(max(0.0, (op.hbm_by_tag or {}).get("grads", 0.0)) for op in template)
+
+
+def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
+    if plan.framework == Framework.TORCH_AMP:
+        return DDP_BUCKET_BYTES
+    if plan.framework == Framework.DEEPSPEED:
+        return DEEPSPEED_BUCKET_ELEMENTS * Dtypes.of(plan).grad
+    return layer_grad_bytes  # FSDP: one unit per layer
+
+
+CommTime = Callable[[str, float, str, int], float]  # (kind, bytes, group/stream, calls) -> seconds
+
+
+def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk, final: bool,
+                     price: Callable[[Op], float], comm_time: CommTime) -> MicrobatchGraph:
+    """Forward and backward of one micro-batch of `chunk` on one rank; with `final`, the
+    step's last micro-batch: every gradient reduced, then the optimizer and (ZeRO-1/2)
+    the all-gather of the updated parameters.
+
+    `price` gives compute (and in-layer collective) durations, called once per
+    template op; `comm_time` prices the data-parallel collectives built here.
+    """
+    local = rank_shard(model, layout)
+    split = layout.split()
+    dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
+    fwd, bwd, cache_bytes, _saved = _layer_templates(local, plan, split)
+    loss_fwd, loss_bwd = _loss_ops(local, plan) if chunk.last else ([], [])
+    emb_fwd = [_embedding_fwd(local, plan)] if chunk.first else []
+    emb_bwd = _embedding_bwd(local, plan) if chunk.first else []
+    for template in (fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd):
+        for op in template:
+            op.duration = price(op)
+    cp = chunk_params(model, plan, layout, chunk)
+    dt = Dtypes.of(plan)
+    T, h = plan.micro_batch * plan.seq, model.hidden_size
+    tp_bytes = T * h * dt.residual
+    reduce_every_microbatch = zero >= 2  # ZeRO-2/3 and FSDP keep only gradient shards
+    reducing = dp > 1 and (final or reduce_every_microbatch)
+    layer_grads = _grad_bytes(bwd)
+    bucket = bucket_bytes(plan, layer_grads)
+    grad_kind = ALL_REDUCE if zero == 0 else REDUCE_SCATTER
+    gather_kind = ALL_GATHER
+
+    rg = _RankGraph()
+    L = chunk.layers
+
+    def tp_collective(name: str, kind: str, nbytes: float, phase: str) -> None:
+        if layout.tp > 1:
+            rg.add(_comm(name, kind, "tp", nbytes, comm_time(kind, nbytes, "tp", 1), phase,
+                         deps=(rg.last,) if len(rg.g) else ()), then_wait=True)
+
+    sp = split.sequence_parallel
+    Tn = T // layout.tp if sp else T
+    x_bytes = Tn * h * dt.residual  # a chunk's input and output (the residual stream)
+    g_bytes = Tn * h * (4 if dt.autocast_casts else dt.residual)  # and their gradients
+    fresh_grads = not final or plan.grad_accum == 1 or zero >= 2  # memory replay: the final micro-batch
+    if not fresh_grads:  # earlier micro-batches already hold the full gradients
+        rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", _grad_bytes(bwd) * L
+                                                                  + _grad_bytes(emb_bwd) + _grad_bytes(loss_bwd)))
+    # --- forward -------------------------------------------------------------------------
+    if emb_fwd:
+        rg.extend(emb_fwd)
+        tp_collective("embedding.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE, tp_bytes, "fwd")
+    else:
+        rg.g.add(_marker("input.received", "fwd").change_hbm("activations", x_bytes))
+    gathers: dict[int, int] = {}
+
+    def zero3_gather(layer: int, after: int | None, phase: str) -> None:
+        op = _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes,
+                   comm_time(gather_kind, cp.layer_bytes, "dp", 1), phase,
+                   deps=(after,) if after is not None and after >= 0 else ())
+        op.change_hbm("gathered_params", cp.layer_bytes)
+        gathers[layer] = rg.g.add(op)
+
+    def zero3_release(phase: str) -> None:
+        rg.g.add(_marker("zero3.release", phase).change_hbm("gathered_params", -cp.layer_bytes))
+
+    layer_ends: list[int] = []
+    for layer in range(L):
+        if zero == 3:
+            if layer == 0:
+                zero3_gather(0, None, "fwd")
+            if layer + 1 < L:  # prefetch the next layer once the one before this has finished
+                zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, "fwd")
+            rg.wait_before(gathers[layer])
+        _, last = rg.extend(fwd, layer=layer)
+        layer_ends.append(last)
+        if zero == 3:
+            zero3_release("fwd")
+    if loss_fwd:
+        if sp:
+            tp_collective("lm_head.all_gather", ALL_GATHER, tp_bytes, "fwd")
+        rg.extend(loss_fwd)
+        if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
+            rg.g.own(rg.last).change_hbm("weight_copies", -cache_bytes * L)
+        # vocab-parallel cross entropy: max, sum of exponentials and target logit over tp
+        tp_collective("cross_entropy.tp_all_reduce", ALL_REDUCE, 3 * T * 4, "fwd")
+    else:
+        if cache_bytes:
+            rg.g.add(_marker("autocast.release", "fwd").change_hbm("weight_copies", -cache_bytes * L))
+        rg.g.add(_marker("output.sent", "fwd").change_hbm("activations", -x_bytes))
+    fwd_last = rg.last
+    saved = sum(op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in rg.g.ops)
+
+    # --- backward ------------------------------------------------------------------------
+    if not loss_bwd:
+        rg.g.add(_marker("grad.received", "bwd").change_hbm("activation_grads", g_bytes))
+    else:
+        rg.extend(loss_bwd)
+        tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE,
+                      T * h * (4 if dt.autocast_casts else dt.act), "bwd")
+    pending_grads = 0.0
+    last_dp = -1
+
+    def reduce_grads(nbytes: float, after: int, phase: str) -> None:
+        nonlocal last_dp
+        calls = max(1, math.ceil(nbytes / bucket - 1e-9))
+        op = _comm(f"grads.{grad_kind}", grad_kind, "dp", nbytes, comm_time(grad_kind, nbytes, "dp", calls),
+                   phase, calls=calls, deps=(after,))
+        if zero >= 2:  # the full gradients of the bucket give way to this rank's shard
+            op.change_hbm("grads", -nbytes)
+        last_dp = rg.g.add(op)
+
+    bwd_ends: list[int] = []
+    for k, layer in enumerate(reversed(range(L))):
+        if zero == 3:
+            if k == 0:
+                zero3_gather(layer, None, "bwd")
+            if layer - 1 >= 0:
+                zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, "bwd")
+            rg.wait_before(gathers[layer])
+        _, last = rg.extend(bwd, layer=layer)
+        bwd_ends.append(last)
+        if zero == 3:
+            zero3_release("bwd")
+        if reducing:
+            pending_grads += layer_grads
+            if pending_grads >= bucket:
+                reduce_grads(pending_grads, last, "bwd")
+                pending_grads = 0.0
+    if emb_bwd:
+        if sp:
+            tp_collective("embedding.all_gather.bwd", ALL_GATHER, tp_bytes, "bwd")
+        rg.extend(emb_bwd)
+        if reducing:
+            pending_grads += _grad_bytes(emb_bwd)
+    else:
+        rg.g.add(_marker("grad.sent", "bwd").change_hbm("activation_grads", -g_bytes))
+    if loss_bwd and reducing:
+        pending_grads += _grad_bytes(loss_bwd)
+    if not fresh_grads:
+        _accumulate_instead_of_allocating(rg.g, fwd_last + 1)
+    bwd_last = max(i for i in range(len(rg.g)) if rg.g.ops[i].resource == "gpu")
+    tail_first = len(rg.g)
+    if reducing and pending_grads > 0:
+        reduce_grads(pending_grads, bwd_last, "bwd")
+
+    # --- optimizer ---------------------------------------------------------------------
+    if final:
+        shard = dp if zero >= 1 else 1
+        counts = ParamCounts(cp.params, cp.trainable / shard, max(1, round(param_counts(local, plan).n_tensors
+                                                                       * max(L, 1) / local.num_layers)))
+        opt = _optimizer_ops(local, plan, counts)
+        for op in opt:
+            op.duration = price(op)
+        if last_dp >= 0:
+            rg.wait_before(last_dp)
+        _, opt_last = rg.extend(opt)
+        if 1 <= zero <= 2:  # updated parameter shards go back to every rank
+            nbytes = cp.params * StateBytes.of(plan).params
+            rg.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes,
+                         comm_time(ALL_GATHER, nbytes, "dp", max(1, math.ceil(nbytes / bucket - 1e-9))),
+                         "opt", deps=(opt_last,)))
+    return MicrobatchGraph(rg.g, fwd_last, bwd_last, tail_first, saved)

@@ -1,0 +1,171 @@
+"""Pipeline schedules: one aggregated op per micro-batch forward and backward of each chunk.
+
+The kernel-level graph of one micro-batch (graph/parallel.py) is simulated once
+per kind of chunk; here its forward and backward spans become single ops, one
+per (stage, chunk, micro-batch), scheduled in Megatron-LM's 1F1B order
+(Narayanan et al., SC21, Sec. 2.2): each stage runs pp - stage - 1 warm-up
+forwards, then alternates one forward and one backward, then drains. With
+interleaving (v chunks per stage, stage d holding chunks d, d + pp, ...) the
+warm-up is (pp - d - 1) * 2 + (v - 1) * pp chunk-forwards and micro-batches
+go through the chunks in groups of pp, as in Megatron's interleaved schedule.
+
+Activations and their gradients cross stages as point-to-point sends on the
+link between the two stages; after a stage's last backward its remaining
+gradient reductions run on its data-parallel link, then the optimizer. The
+engine (sim/engine.py) schedules all of it; the bubbles fall out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ghsim.graph import ops as K
+from ghsim.graph.ops import Op, OpGraph
+from ghsim.sim import engine
+
+FWD, BWD = "F", "B"
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """Seconds of one micro-batch of one chunk, from its kernel-level simulation."""
+
+    fwd_s: float
+    bwd_s: float  # backward of a micro-batch that is not the step's last
+    bwd_comm_s: float  # its gradient reduce-scatter still running after it (ZeRO-2/3)
+    final_fwd_s: float
+    final_bwd_s: float
+    final_comm_s: float  # gradient reductions still running after the last backward
+    send_s: float  # activations to the next chunk (the gradient back costs the same)
+
+
+@dataclass(frozen=True)
+class StageTail:
+    optimizer_s: float  # optimizer step on the compute stream
+    gather_s: float  # updated parameters gathered back (ZeRO-1/2), on the data-parallel link
+
+
+def stage_order(pp: int, v: int, M: int, d: int) -> list[tuple[str, int, int]]:
+    """(F|B, chunk on this stage, micro-batch) in the order stage d runs them."""
+    total = M * v
+    if v == 1:
+        warmup = min(pp - d - 1, M)
+    else:
+        warmup = min((pp - d - 1) * 2 + (v - 1) * pp, total)
+
+    def item(kind: str, k: int) -> tuple[str, int, int]:
+        c = (k // pp) % v
+        if kind == BWD:
+            c = v - 1 - c
+        return kind, c, (k // (pp * v)) * pp + k % pp
+
+    order = [item(FWD, k) for k in range(warmup)]
+    for i in range(total - warmup):
+        order += [item(FWD, warmup + i), item(BWD, i)]
+    order += [item(BWD, k) for k in range(total - warmup, total)]
+    return order
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    graph: OpGraph
+    resources: list[engine.Resource]
+    schedule: engine.Schedule
+    stage_of: list[int]  # stage of each op
+    segment: list[str]  # fwd | bwd | final_fwd | final_bwd | opt | comm | p2p
+
+
+def peak_inflight_bytes(pp: int, v: int, M: int, d: int, saved: list[float]) -> tuple[float, int]:
+    """Most activation bytes stage d holds when a backward starts, and how many micro-batch
+    chunks that is; saved[c] is what one forward of its chunk c leaves for its backward.
+    1F1B keeps up to pp - d micro-batches in flight (all pp on stage 0)."""
+    live, count, peak, peak_count = 0.0, 0, 0.0, 0
+    for kind, c, _m in stage_order(pp, v, M, d):
+        if kind == FWD:
+            live += saved[c]
+            count += 1
+        else:
+            if live > peak:
+                peak, peak_count = live, count
+            live -= saved[c]
+            count -= 1
+    return peak, peak_count
+
+
+def schedule_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: list[StageTail]) -> PipelineRun:
+    """Schedule M micro-batches through pp stages of v chunks each; chunks[j] is virtual stage j."""
+    J = pp * v
+    items: list[list[tuple]] = []  # per stage: (key, resource, seconds, dep keys, segment, chunk, mb)
+    for d in range(pp):
+        seq: list[tuple] = []
+        tail_deps = []
+        for kind, c, m in stage_order(pp, v, M, d):
+            j = c * pp + d
+            t = chunks[j]
+            last_mb = m == M - 1
+            if kind == FWD:
+                deps = [("PF", j - 1, m)] if j > 0 else []
+                seq.append(((FWD, j, m), f"gpu{d}", t.final_fwd_s if last_mb else t.fwd_s, deps,
+                            "final_fwd" if last_mb else "fwd", c, m))
+                if j < J - 1:
+                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)], "p2p", c, m))
+            else:
+                deps = [("PB", j + 1, m)] if j < J - 1 else [(FWD, j, m)]
+                seq.append(((BWD, j, m), f"gpu{d}", t.final_bwd_s if last_mb else t.bwd_s, deps,
+                            "final_bwd" if last_mb else "bwd", c, m))
+                if j > 0:
+                    seq.append((("PB", j, m), _link(d, (j - 1) % pp), chunks[j - 1].send_s, [(BWD, j, m)], "p2p", c, m))
+                comm = t.final_comm_s if last_mb else t.bwd_comm_s
+                if comm > 0:
+                    seq.append((("C", j, m), f"dp{d}", comm, [(BWD, j, m)], "comm", c, m))
+                    tail_deps.append(("C", j, m))
+                tail_deps.append((BWD, j, m))
+        seq.append((("OPT", d), f"gpu{d}", tails[d].optimizer_s, tail_deps, "opt", -1, -1))
+        if tails[d].gather_s > 0:
+            seq.append((("AG", d), f"dp{d}", tails[d].gather_s, [("OPT", d)], "comm", -1, -1))
+        items.append(seq)
+    return _run(items, pp)
+
+
+def _link(src: int, dst: int) -> str:
+    return f"p2p{src}>{dst}"
+
+
+def _run(items: list[list[tuple]], pp: int) -> PipelineRun:
+    """Issue every stage's ops in its own order, interleaving stages so dependencies come first."""
+    graph = OpGraph()
+    index: dict[tuple, int] = {}
+    names: dict[str, int] = {}
+    resources: list[engine.Resource] = []
+    resource_of, durations, stage_of, segment = [], [], [], []
+    pos = [0] * pp
+    remaining = sum(len(s) for s in items)
+    while remaining:
+        progressed = False
+        for d in range(pp):
+            seq = items[d]
+            while pos[d] < len(seq):
+                key, res, seconds, deps, seg, c, m = seq[pos[d]]
+                if any(k not in index for k in deps):
+                    break
+                if res not in names:
+                    names[res] = len(resources)
+                    resources.append(engine.Resource(res))
+                category = "communication" if seg in ("comm", "p2p") else ("optimizer" if seg == "opt" else "other")
+                op = Op(name=f"{key[0]} chunk {key[1]} mb {m}" if len(key) == 3 else f"{key[0]} stage {d}",
+                        category=category, kind=K.HOST_WORK, resource=res, seconds=seconds, kernels=0,
+                        deps=tuple(index[k] for k in deps), phase=seg)
+                op.duration = seconds
+                index[key] = graph.add(op, layer=c, microbatch=max(m, 0))
+                resource_of.append(names[res])
+                durations.append(seconds)
+                stage_of.append(d)
+                segment.append(seg)
+                pos[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocks: an op waits for one never issued")
+    n = len(graph)
+    sched = engine.run(resources, resource_of, durations, graph.deps, [0.0] * n, [False] * n)
+    return PipelineRun(graph, resources, sched, stage_of, segment)

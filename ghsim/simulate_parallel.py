@@ -1,0 +1,383 @@
+"""simulate() for plans on more than one GPU: data, tensor, pipeline and expert parallelism, ZeRO.
+
+Two levels, so that 1024 GPUs cost no more than a few ranks:
+
+1. For each kind of pipeline chunk (the first holds the embedding, the last the
+   loss, the others are alike), one representative rank's micro-batch is built
+   at kernel granularity (graph/parallel.py) and run in the event engine, with
+   its collectives on their own link streams and communication kernels slowing
+   the compute they overlap (they hold SMs). Twice when there is gradient
+   accumulation: a micro-batch in the middle of the step, and the last one,
+   whose backward reduces every gradient and is followed by the optimizer.
+2. The spans of those runs become one op per micro-batch forward and backward,
+   scheduled through the pipeline (graph/pipeline.py): bubbles, point-to-point
+   sends and the gradient reduction left after the last backward fall out.
+
+The other ranks of a stage do the same work on other data (symmetry), so the
+step time of one rank per stage is the step time of the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ghsim.cost.calibration import Calibration
+from ghsim.cost.compute import CostModel
+from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
+from ghsim.graph import ops as K
+from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
+from ghsim.graph.parallel import (
+    Chunk,
+    Layout,
+    MicrobatchGraph,
+    StateBytes,
+    bucket_bytes,
+    build_microbatch,
+    chunk_params,
+    model_state_bytes,
+)
+from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
+from ghsim.hardware import Hardware
+from ghsim.model import ModelSpec
+from ghsim.plan import Framework, Plan, Precision
+from ghsim.report import StepReport, Timeline
+from ghsim.sim import engine
+from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
+
+COMM_STREAMS = ("tp", "dp", "ep")
+NOT_COMPUTE = ("dp", "mem")  # streams whose ops do not hold up the compute stream's spans
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A window of a kernel-level run: its length, where its time went, its kernel-busy time."""
+
+    seconds: float
+    breakdown: dict[str, float]
+    kernel_busy: float
+
+
+@dataclass(frozen=True)
+class MicrobatchRun:
+    mb: MicrobatchGraph
+    schedule: engine.Schedule
+    times: dict[str, float]  # t_fwd, t_bwd, t_dp, t_opt, makespan
+    segments: dict[str, Segment]  # fwd, bwd, opt (opt: from the end of reductions to the end)
+
+
+def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
+    slowdown = min(0.5, NCCL_CTAS / max(hw.sm_count, 1))
+    return (
+        engine.Resource("gpu", slowed_by=COMM_STREAMS, slowdown=slowdown),
+        engine.Resource("h2d"), engine.Resource("d2h"), engine.Resource("cpu"), engine.Resource("loader"),
+        *(engine.Resource(s) for s in COMM_STREAMS),
+        engine.Resource("mem"),
+    )
+
+
+def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Plan) -> MicrobatchRun:
+    g = mb.graph
+    resources = level1_resources(hw)
+    index = {r.name: i for i, r in enumerate(resources)}
+    issue = {id(o): (cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0) for o in g.ops}
+    sched = engine.run(resources, [index[o.resource] for o in g.ops], [o.duration for o in g.ops], g.deps,
+                       [issue[id(o)] for o in g.ops], [o.host_waits for o in g.ops])
+    ops, end = g.ops, sched.end
+    compute = [i for i, o in enumerate(ops) if o.resource not in NOT_COMPUTE]
+    t_fwd = max((end[i] for i in compute if i <= mb.fwd_last), default=0.0)
+    t_bwd = max((end[i] for i in compute if i < mb.tail_first), default=t_fwd)
+    dp_bwd = [i for i, o in enumerate(ops) if o.resource == "dp" and o.phase == "bwd"]
+    t_dp = max((end[i] for i in dp_bwd), default=t_bwd)
+    t_opt = max((end[i] for i in compute if i >= mb.tail_first), default=max(t_bwd, t_dp))
+    t_opt = max(t_opt, t_bwd, t_dp)
+    makespan = max(sched.makespan, t_opt)
+    times = {"t_fwd": t_fwd, "t_bwd": t_bwd, "t_dp": t_dp, "t_opt": t_opt, "makespan": makespan}
+    tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch)
+    segments = {
+        "fwd": window(tl, 0.0, t_fwd),
+        "bwd": window(tl, t_fwd, t_bwd),
+        "opt": window(tl, max(t_bwd, t_dp), t_opt),
+    }
+    return MicrobatchRun(mb, sched, times, segments)
+
+
+def window(tl: Timeline, a: float, b: float) -> Segment:
+    """Where the compute stream's time in [a, b) went (kernels by category, and what it waited for)."""
+    ops, sched = tl.ops, tl.schedule
+    start, end = sched.start, sched.end
+    out: dict[str, float] = {}
+    cursor = a
+    intervals = []
+    for i, op in enumerate(ops):
+        s, e = max(start[i], a), min(end[i], b)
+        if op.category in KERNEL_CATEGORIES and e > s:
+            intervals.append((s, e))
+        if op.resource != "gpu" or end[i] <= a or start[i] >= b:
+            continue
+        if s > cursor:
+            key = _waited_for(i, tl)
+            out[key] = out.get(key, 0.0) + s - cursor
+        if e > s:
+            cat = op.category if op.category in KERNEL_CATEGORIES else ("memcpy" if op.category == COPY else "other")
+            out[cat] = out.get(cat, 0.0) + e - max(s, cursor)
+            cursor = max(cursor, e)
+    if b > cursor:  # the window ends on another stream: a collective, a copy or the CPU
+        last = [i for i, op in enumerate(ops) if op.resource not in ("gpu", "mem") and a < end[i] <= b + 1e-12]
+        key = ops[max(last, key=lambda i: end[i])].category if last else "wait_other"
+        key = {CPU: "wait_cpu", COPY: "wait_transfer"}.get(key, key)
+        key = key if key in KERNEL_CATEGORIES or key.startswith("wait_") else "wait_other"
+        out[key] = out.get(key, 0.0) + b - cursor
+    return Segment(b - a, out, _union(intervals))
+
+
+def _waited_for(i: int, tl: Timeline) -> str:
+    s = tl.schedule.start[i]
+    for d in tl.deps[i]:
+        if abs(tl.schedule.end[d] - s) < 1e-12:
+            cat = tl.ops[d].category
+            if cat == "communication":
+                return "communication"
+            return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
+    if abs(tl.schedule.issue[i] - s) < 1e-12:
+        return "wait_host_launch"
+    return "wait_other"
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> ChunkTimes:
+    f, m = final.times, middle.times
+    return ChunkTimes(
+        fwd_s=m["t_fwd"], bwd_s=m["t_bwd"] - m["t_fwd"], bwd_comm_s=max(0.0, m["t_dp"] - m["t_bwd"]),
+        final_fwd_s=f["t_fwd"], final_bwd_s=f["t_bwd"] - f["t_fwd"], final_comm_s=max(0.0, f["t_dp"] - f["t_bwd"]),
+        send_s=send_s,
+    )
+
+
+def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
+                      keep_timeline: bool = True, fabric: Fabric | None = None) -> StepReport:
+    from ghsim.simulate import model_flops  # (simulate imports this module)
+
+    layout = Layout.of(plan, hw)
+    cost = CostModel(hw, calibration)
+    fabric = fabric or Fabric.of(hw)
+    groups = layout.groups()
+
+    def comm_time(kind: str, nbytes: float, stream: str, calls: int) -> float:
+        return collective_time(kind, nbytes, groups[stream], fabric, calls)
+
+    def price(op: Op) -> float:
+        if op.kind == K.COLLECTIVE:
+            return comm_time(op.variant, op.bytes, op.resource, op.kernels)
+        return cost.duration(op)
+
+    M, pp, v = plan.grad_accum, layout.pp, layout.interleave
+    J = layout.chunks
+    per_chunk = model.num_layers // J
+    kinds = {(j == 0, j == J - 1) for j in range(J)}
+    runs: dict[tuple[bool, bool], tuple[MicrobatchRun, MicrobatchRun]] = {}
+    for first, last in kinds:
+        chunk = Chunk(per_chunk, first, last)
+        final = run_microbatch(build_microbatch(model, plan, layout, chunk, True, price, comm_time), hw, cost, plan)
+        middle = final
+        if M > 1:
+            middle = run_microbatch(build_microbatch(model, plan, layout, chunk, False, price, comm_time),
+                                    hw, cost, plan)
+        runs[(first, last)] = (final, middle)
+
+    # activations (forward) and their gradients (backward) between stages; with tp > 1 each
+    # tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)
+    act = 2 if plan.precision.is_mixed else 4
+    send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / layout.tp
+    send_s = comm_time("send", send_bytes, "pp", 1) if pp > 1 else 0.0
+    kind_of = [(j == 0, j == J - 1) for j in range(J)]
+    chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
+    tails = []
+    for d in range(pp):
+        mine = [runs[kind_of[c * pp + d]][0] for c in range(v)]
+        tails.append(StageTail(sum(r.times["t_opt"] - max(r.times["t_bwd"], r.times["t_dp"]) for r in mine),
+                               max(r.times["makespan"] - r.times["t_opt"] for r in mine)))
+    pipe = schedule_pipeline(pp, v, M, chunks, tails)
+    step_time = pipe.schedule.makespan
+
+    # --- time breakdown and utilization of each stage ------------------------------------------
+    stage_stats = [_stage_breakdown(pipe, d, step_time, runs, kind_of, pp) for d in range(pp)]
+    rep = max(range(pp), key=lambda d: stage_stats[d]["busy_s"])
+    breakdown, utilization = stage_stats[rep]["breakdown"], stage_stats[rep]["utilization"]
+
+    # --- memory of each stage ------------------------------------------------------------------
+    stage_mem = [_stage_memory(model, plan, layout, d, runs, kind_of, per_chunk) for d in range(pp)]
+    worst = max(range(pp), key=lambda d: stage_mem[d][0].peak_bytes)
+    hbm, host = stage_mem[worst]
+    problems = []
+    if hbm.peak_bytes > hw.hbm.capacity_bytes:
+        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
+        parts = " + ".join(f"{b / 1e9:.1f} GB {k}" for k, b in top)
+        where = f" on pipeline stage {worst}" if pp > 1 else ""
+        problems.append(f"HBM peak{where} {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB "
+                        f"({parts} ...)")
+    if host.peak_bytes > hw.host.capacity_bytes:
+        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
+
+    peak_dtype = "tf32" if plan.precision == Precision.TF32 else ("fp32" if plan.precision == Precision.FP32 else "bf16")
+    plan_dict = plan.to_dict()
+    plan_dict["flags"] = plan.flags()
+    bubble = stage_stats[rep]["breakdown"].get("pipeline_bubble", 0.0)
+    parallel = {
+        "layout": {"gpus": layout.gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
+                   "gpus_per_node": layout.gpus_per_node, "nodes": layout.nodes, "interleave": v,
+                   "sequence_parallel": layout.split().sequence_parallel, "micro_batches": M},
+        "groups": {name: {"size": g.size, "per_node": g.per_node, "nodes": g.nodes,
+                          "bus_bandwidth_Bps": fabric.bus_bw(g) if g.size > 1 else 0.0}
+                   for name, g in groups.items()},
+        "representative_stage": rep,
+        "pipeline_bubble_fraction": bubble / step_time if step_time > 0 else 0.0,
+        "stages": [{"stage": d, "busy_s": stage_stats[d]["busy_s"], "bubble_s": stage_stats[d]["breakdown"].get(
+                        "pipeline_bubble", 0.0), "hbm_peak_bytes": stage_mem[d][0].peak_bytes,
+                    "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()}}
+                   for d in range(pp)],
+        "microbatch": {("first" if k[0] else "") + ("last" if k[1] else "") or "middle":
+                       {"forward_s": r[0].times["t_fwd"], "backward_s": r[0].times["t_bwd"] - r[0].times["t_fwd"],
+                        "grad_reduction_tail_s": max(0.0, r[0].times["t_dp"] - r[0].times["t_bwd"]),
+                        "optimizer_s": r[0].times["t_opt"] - max(r[0].times["t_bwd"], r[0].times["t_dp"])}
+                       for k, r in runs.items()},
+    }
+    return StepReport(
+        step_time_s=step_time,
+        tokens_per_step=plan.tokens_per_step,
+        model_flops_per_step=model_flops(model, plan),
+        peak_flops_per_gpu=hw.peak_flops[peak_dtype],
+        gpus=plan.gpus,
+        gpu_utilization=utilization,
+        time_breakdown_s=breakdown,
+        hbm=hbm,
+        host=host,
+        hbm_capacity=hw.hbm.capacity_bytes,
+        host_capacity=hw.host.capacity_bytes,
+        fit_problems=tuple(problems),
+        notes=tuple(_notes(plan, layout)),
+        plan=plan_dict,
+        model=model.to_dict(),
+        hardware=hw.to_dict(),
+        timeline=(Timeline(pipe.graph.ops, [r.name for r in pipe.resources], pipe.schedule, pipe.graph.deps,
+                           pipe.graph.layer, pipe.graph.microbatch) if keep_timeline else None),
+        extra={"parallel": parallel},
+    )
+
+
+def _stage_breakdown(pipe: PipelineRun, d: int, step_time: float, runs, kind_of, pp: int) -> dict:
+    """Stage d's compute stream over the step: each aggregated op's kernel-level breakdown,
+    the gaps between them (pipeline bubbles, or exposed gradient reduction)."""
+    g, sched = pipe.graph, pipe.schedule
+    gpu = f"gpu{d}"
+    out: dict[str, float] = {c: 0.0 for c in KERNEL_CATEGORIES}
+    out.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0, "wait_host_launch": 0.0,
+                "wait_other": 0.0, "pipeline_bubble": 0.0})
+    cursor, busy, kernel = 0.0, 0.0, 0.0
+    for i, op in enumerate(g.ops):
+        if op.resource != gpu:
+            continue
+        s, e = sched.start[i], sched.end[i]
+        if s > cursor:
+            waited = [k for k in g.deps[i] if abs(sched.end[k] - s) < 1e-12]
+            key = "communication" if any(pipe.segment[k] == "comm" for k in waited) else "pipeline_bubble"
+            out[key] += s - cursor
+        seg = _segment_of(pipe, i, runs, kind_of, pp)
+        if seg is not None and seg.seconds > 0:
+            for k, t in seg.breakdown.items():
+                out[k] = out.get(k, 0.0) + t * (e - s) / seg.seconds
+            kernel += seg.kernel_busy * (e - s) / seg.seconds
+        else:
+            out["other"] += e - s
+        busy += e - s
+        cursor = max(cursor, e)
+    if step_time > cursor:
+        ends_here = [i for i in range(len(g)) if pipe.stage_of[i] == d and abs(sched.end[i] - step_time) < 1e-12]
+        out["communication" if ends_here else "pipeline_bubble"] += step_time - cursor
+    kernel += out["communication"]
+    out = {k: float(t) for k, t in out.items()}
+    return {"breakdown": out, "busy_s": float(busy), "utilization": min(1.0, kernel / step_time) if step_time else 0.0}
+
+
+def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | None:
+    seg = pipe.segment[i]
+    if seg == "opt":
+        d = pipe.stage_of[i]
+        # the optimizer of stage d: sum its chunks' optimizer windows (all alike in breakdown)
+        return runs[kind_of[d]][0].segments["opt"]
+    c = pipe.graph.layer[i]
+    j = c * pp + pipe.stage_of[i]
+    final, middle = runs[kind_of[j]]
+    run = final if seg.startswith("final") else middle
+    return run.segments["fwd" if seg.endswith("fwd") else "bwd"]
+
+
+def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, runs, kind_of,
+                  per_chunk: int) -> tuple[TierPeak, TierPeak]:
+    """HBM of one GPU of stage d: its model state (ZeRO shards), the kernel-level replay of its
+    final micro-batch, and the activations of the other micro-batches 1F1B keeps in flight."""
+    pp, v, M = layout.pp, layout.interleave, plan.grad_accum
+    js = [c * pp + d for c in range(v)]
+    params = trainable = 0.0
+    for j in js:
+        cp = chunk_params(model, plan, layout, Chunk(per_chunk, *kind_of[j]))
+        params += cp.params
+        trainable += cp.trainable
+    static = model_state_bytes(params, trainable, plan, layout.dp)
+    zero = plan.zero if layout.dp > 1 else 0
+    if layout.dp > 1 and zero == 0 and plan.framework == Framework.TORCH_AMP:
+        # DDP copies gradients into its own flat buckets (gradient_as_bucket_view=False, the default)
+        static["comm_buckets"] = trainable * StateBytes.of(plan).grads
+    elif layout.dp > 1 and zero in (1, 2) and plan.framework == Framework.DEEPSPEED:
+        static["comm_buckets"] = min(bucket_bytes(plan, 0.0), trainable * StateBytes.of(plan).grads)
+    saved = [runs[kind_of[j]][0].mb.saved_bytes for j in js]
+    inflight, _count = peak_inflight_bytes(pp, v, M, d, saved)
+    worst_peak, worst = None, None
+    for c, j in enumerate(js):
+        mb = runs[kind_of[j]][0].mb
+        extra = max(0.0, inflight - saved[c])
+        ops = mb.graph.ops
+        mem_ops = ([_mem_marker("pipeline_activations", extra)] + ops[:mb.tail_first]
+                   + [_mem_marker("pipeline_activations", -extra)] + ops[mb.tail_first:])
+        peak = hbm_peak(mem_ops, static)
+        if worst_peak is None or peak.peak_bytes > worst_peak.peak_bytes:
+            worst_peak, worst = peak, mb
+    host_static = {}
+    if "optimizer" in plan.offload:
+        shard = trainable / (layout.dp if zero >= 1 else 1)
+        node = layout.gpus_per_node
+        host_static = {"optimizer_states": shard * 8 * node, "master_params": shard * 4 * node,
+                       "grads": shard * 4 * node}
+    host = host_peak(worst.graph.ops, host_static)
+    return worst_peak, host
+
+
+def _mem_marker(tag: str, nbytes: float) -> Op:
+    return Op(name=tag, category="other", kind=K.HOST_WORK, resource="mem", kernels=0).change_hbm(tag, nbytes)
+
+
+def _notes(plan: Plan, layout: Layout) -> list[str]:
+    notes = [f"precision semantics: {plan.framework.value}",
+             f"parallel layout: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}"
+             + (f" (ep {layout.ep})" if layout.ep > 1 else "")
+             + f" on {layout.nodes} node(s) of {layout.gpus_per_node} GPUs; one rank per pipeline stage simulated",
+             "communication kernels overlapping compute slow it by their SM share "
+             f"({NCCL_CTAS} CTAs per collective, an assumption)"]
+    if plan.zero and layout.dp == 1:
+        notes.append(f"ZeRO stage {plan.zero} with one data-parallel rank shards over one rank: "
+                     "no saving, simulated as stage 0")
+    if layout.tp > layout.gpus_per_node:
+        notes.append(f"tensor parallelism ({layout.tp}) spans nodes: its collectives cross the network")
+    if plan.batch_prep_s:
+        notes.append("multi-GPU plans do not model the host data pipeline (--batch-prep-ms is ignored)")
+    return notes
