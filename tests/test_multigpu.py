@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ghsim.cost.links import Fabric, Group, collective_time
+from ghsim.cost.links import NVLINK_HOP_S, Fabric, Group, collective_time
 from ghsim.errors import GhsimError
 from ghsim.graph.parallel import Chunk, Layout, build_microbatch, model_states
 from ghsim.graph.pipeline import FWD, peak_inflight_bytes, stage_order
@@ -34,9 +34,9 @@ def test_ring_all_reduce_inside_a_node_is_the_textbook_formula():
     f = Fabric.of(H100)
     g = Group("dp", 8, 8)
     S = 1e9
-    expected = 2 * 7 / 8 * S / H100.gpu_link.bandwidth + 2 * 7 * H100.gpu_link.latency_s
-    assert collective_time("all_reduce", S, g, f) == pytest.approx(expected)
-    assert collective_time("all_gather", S, g, f) == pytest.approx(expected / 2)
+    c, a = H100.gpu_link.latency_s, NVLINK_HOP_S
+    assert collective_time("all_reduce", S, g, f) == pytest.approx(c + 2 * 7 * a + 2 * 7 / 8 * S / H100.gpu_link.bandwidth)
+    assert collective_time("all_gather", S, g, f) == pytest.approx(c + 7 * a + 7 / 8 * S / H100.gpu_link.bandwidth)
 
 
 def test_groups_across_nodes_are_limited_by_their_nics():

@@ -7,12 +7,17 @@ group it runs over. This module knows nothing of transformers: it turns
 NCCL's algorithms (Thakur et al., "Optimization of Collective Communication
 Operations in MPICH", IJHPCA 2005; NCCL's ring and double binary tree):
 
-- ring all-reduce:       2(n-1)/n * S / B + 2(n-1) * a
-- tree all-reduce:       same bandwidth term, latency 2 * (log2(nodes) * a_net + (g-1) * a_nvlink)
+- ring all-reduce:       c + 2(n-1) * a + 2(n-1)/n * S / B
+- tree all-reduce:       same bandwidth term, latency c + 2 * (log2(nodes) * a_net + (g-1) * a_nvlink)
   (NCCL picks the faster; trees only matter across nodes, where ring latency grows with n)
-- all-gather, reduce-scatter (ring): (n-1)/n * S / B + (n-1) * a, S = the full (gathered) buffer
+- all-gather, reduce-scatter (ring): c + (n-1) * a + (n-1)/n * S / B, S = the full (gathered) buffer
 - all-to-all: the share of S bound for other nodes crosses the NIC, the rest NVLink, at once
-- send/recv: S / B_link + a
+- send/recv: c + a + S / B_link
+
+c is the fixed cost of one collective call (the profile's gpu_link latency: on
+2 H200s through torch.distributed it is the 34 us intercept of the measured
+sweep), a the latency of one ring step: NVLINK_HOP_S inside a node, the
+profile's network latency between nodes.
 
 B is the group's bus bandwidth per GPU. Inside one node it is the GPU's
 NVLink bandwidth (on a switchless mesh such as the quad GH200 node, a GPU
@@ -43,6 +48,9 @@ KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND)
 # NVSwitch systems commonly settle at 16-24). Used for the SM share that
 # concurrent compute loses while a collective runs (see sim/engine.py).
 NCCL_CTAS = 16
+# Assumption: one ring step over NVLink adds ~1 us (NCCL's LL protocol; nccl-tests small-message
+# all-reduce latency grows by roughly that per extra GPU inside a DGX/HGX node).
+NVLINK_HOP_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -64,9 +72,10 @@ class Fabric:
 
     nvlink_bw: float  # one GPU to all its NVLink peers together
     nvlink_peer_bw: float  # one GPU pair on a switchless mesh; 0 where a switch gives any pair the full rate
-    nvlink_latency: float
+    call_latency: float  # fixed cost of one collective call
     net_bw: float  # one GPU's share of its node's NICs
-    net_latency: float
+    net_latency: float  # one ring step between nodes
+    nvlink_latency: float = NVLINK_HOP_S  # one ring step inside a node
 
     @staticmethod
     def of(hw: Hardware) -> "Fabric":
@@ -75,8 +84,8 @@ class Fabric:
 
     def scaled(self, nvlink: float = 1.0, net: float = 1.0) -> "Fabric":
         """The same fabric with faster (>1) or slower links: for what-ifs and property tests."""
-        return Fabric(self.nvlink_bw * nvlink, self.nvlink_peer_bw * nvlink, self.nvlink_latency,
-                      self.net_bw * net, self.net_latency)
+        return Fabric(self.nvlink_bw * nvlink, self.nvlink_peer_bw * nvlink, self.call_latency,
+                      self.net_bw * net, self.net_latency, self.nvlink_latency)
 
     def intra_node_bw(self, members: int) -> float:
         """Bandwidth one GPU gets to `members - 1` peers in its node."""
@@ -106,21 +115,21 @@ def collective_time(kind: str, nbytes: float, group: Group, fabric: Fabric, call
     if n <= 1 or nbytes <= 0:
         return 0.0
     calls = max(1, calls)
+    a, c = fabric.step_latency(group), fabric.call_latency
     if kind == SEND:
-        return nbytes / _p2p_bw(group, fabric) + calls * fabric.step_latency(group)
+        return nbytes / _p2p_bw(group, fabric) + calls * (c + a)
     if kind == ALL_TO_ALL:
-        return _all_to_all(nbytes, group, fabric) + calls * fabric.step_latency(group)
+        return _all_to_all(nbytes, group, fabric) + calls * (c + a)
     bw = fabric.bus_bw(group)
-    a = fabric.step_latency(group)
     if kind == ALL_REDUCE:
         ring_latency = 2 * (n - 1) * a
         if group.nodes > 1:
             tree = 2 * (math.ceil(math.log2(group.nodes)) * fabric.net_latency
                         + (group.per_node - 1) * fabric.nvlink_latency)
             ring_latency = min(ring_latency, tree)
-        return 2 * (n - 1) / n * nbytes / bw + calls * ring_latency
+        return 2 * (n - 1) / n * nbytes / bw + calls * (c + ring_latency)
     if kind in (ALL_GATHER, REDUCE_SCATTER):
-        return (n - 1) / n * nbytes / bw + calls * (n - 1) * a
+        return (n - 1) / n * nbytes / bw + calls * (c + (n - 1) * a)
     raise ValueError(f"unknown collective {kind!r}")
 
 
