@@ -107,7 +107,8 @@ def test_activation_offload_overlapped_beats_save_on_cpu(cal):
     none = run(cal, PCIE, micro_batch=2)
     assert over.step_time_s <= sync.step_time_s
     assert over.hbm.peak_bytes < none.hbm.peak_bytes and sync.hbm.peak_bytes < none.hbm.peak_bytes
-    assert over.host.peak_bytes == pytest.approx(sync.host.peak_bytes)
+    # save_on_cpu packs a tensor once per op that saves it (and the loss's tensors too)
+    assert sync.host.peak_bytes > over.host.peak_bytes
     assert "offloaded_activations" in over.host.breakdown
     d2h = [op for op in over.timeline.ops if op.name == "activations.d2h"]
     assert d2h and all(op.resource == "d2h" for op in d2h)
@@ -251,3 +252,16 @@ def test_deepspeed_config_superoffload_and_pinning(tmp_path: Path):
     assert plan_dict_from_ds_config(p)["offload_pinned"] is False  # DeepSpeed's default
     plan = plan_from_dict({k: v for k, v in d.items() if k != "zero"})
     assert plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD
+
+
+def test_save_on_cpu_packs_every_saved_occurrence(cal):
+    from ghsim.graph.offload import save_on_cpu_layer
+
+    plan = make_plan(micro_batch=2, offload=["activations"])
+    g = graph_of(cal, micro_batch=2, offload=["activations"])
+    d2h = [op for op in g.ops if op.name == "activations.d2h"]
+    assert len(d2h) == SMALL.num_layers and all(op.host_waits for op in d2h)  # packed.copy_ blocks the host
+    nbytes, copies = save_on_cpu_layer(SMALL, plan, 0.0)
+    assert copies == 40  # what the h100 activation-offload trace shows per Llama layer
+    T, h = 2 * 2048, SMALL.hidden_size
+    assert nbytes >= 3 * T * h * 4  # the layer input twice and the attention residual once more

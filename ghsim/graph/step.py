@@ -17,6 +17,7 @@ from ghsim.model import ModelSpec
 from ghsim.graph.offload import StepFacts, apply_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
+from ghsim.graph.offload import sync_activation_offload
 from ghsim.plan import OffloadSchedule, Plan, Precision, Recompute
 
 # torch.optim.AdamW(foreach=True) runs about a dozen _foreach_ kernels, each over
@@ -161,16 +162,6 @@ def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op
                hbm_transient=P * 4 if foreach else 0.0, phase="opt", mem_tag="optimizer_temp")]
 
 
-def _offload_activations(fwd: list[Op], bwd: list[Op], saved: float) -> tuple[list[Op], list[Op]]:
-    """torch.autograd.graph.save_on_cpu(pin_memory=True): saved tensors go to pinned host
-    memory as they are saved and come back before the layer's backward, on the compute stream."""
-    d2h = Op(name="activations.d2h", category=K.COPY, kind=K.D2H, resource="gpu", bytes=saved, kernels=0,
-             phase="fwd", host_alloc=saved, mem_tag="offloaded_activations").change_hbm("activations", -saved)
-    h2d = Op(name="activations.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=saved, kernels=0,
-             phase="bwd", host_free=saved, mem_tag="offloaded_activations").change_hbm("activations", saved)
-    return fwd + [d2h], [h2d] + bwd
-
-
 def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> OpGraph:
     """All ops of one optimizer step (every micro-batch of gradient accumulation) on one GPU.
 
@@ -180,7 +171,7 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
     fwd, bwd, cache_bytes, saved = _layer_templates(model, plan)
     offload = resolve_offload(plan)
     if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
-        fwd, bwd = _offload_activations(fwd, bwd, saved)
+        fwd, bwd = sync_activation_offload(fwd, bwd, model, plan, saved)  # torch's save_on_cpu
     loss_fwd, loss_bwd = _loss_ops(model, plan)
     emb_fwd, emb_bwd = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
     optimizer = [] if offload.optimizer else _optimizer_ops(model, plan, param_counts(model, plan))
