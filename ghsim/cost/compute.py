@@ -64,7 +64,9 @@ class CostModel:
         return max(flops / (eff * self.hw.peak_flops["bf16"]), self.cal.min_kernel_s)
 
     def membound_time(self, nbytes: float, variant: str) -> float:
-        fit = self.cal.membound.get(variant) or self.cal.membound["copy"]
+        """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32")."""
+        fits = self.cal.membound
+        fit = fits.get(variant) or fits.get(variant.split(":")[0]) or fits["copy"]
         return fit.fixed_s + nbytes / (fit.rate * self.hbm_ratio)
 
     def optimizer_gpu_time(self, params: float, impl: str) -> float:
