@@ -12,32 +12,25 @@ from ghsim.errors import GhsimError
 
 
 def _best_plan_finder():
-    """The plan search's entry point (ghsim/search.py), as (model, hw, plan) -> plan summary."""
+    """Each hardware's best plan from the plan search (ghsim/search.py), around the given plan
+    (which fixes GPUs, sequence, global batch and LoRA rank), ranked by step time."""
     try:
-        from ghsim import search
+        from ghsim.search import default_jobs, search
+        from ghsim.search_space import default_space
     except ModuleNotFoundError as e:
-        if e.name != "ghsim.search":
+        if not (e.name or "").startswith("ghsim.search"):
             raise
         raise GhsimError("--best needs the plan search (ghsim/search.py), which this build does not have") from None
-    for name in ("best_plan", "find_best_plan", "best"):
-        fn = getattr(search, name, None)
-        if callable(fn):
-            return _adapt(fn)
-    raise GhsimError("ghsim/search.py has no best_plan function to call for --best")
 
-
-def _adapt(fn):
     def best(model, hw, plan) -> dict[str, Any] | None:
-        found = fn(model, hw, plan)
-        if found is None:
+        result = search(model, hw, plan, default_space(model, hw, plan), jobs=default_jobs())
+        e = result.best
+        if e is None:
             return None
-        if hasattr(found, "to_dict"):
-            found = found.to_dict()
-        if isinstance(found, dict):
-            plan_d = found.get("plan", {})
-            found.setdefault("flags", plan_d.get("flags", "") if isinstance(plan_d, dict) else "")
-            found.setdefault("hardware", hw.name)
-        return found
+        return {"hardware": hw.name, "flags": e.plan.flags(), "plan": e.plan.to_dict(),
+                "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
+                "gpu_utilization": e.gpu_utilization, "hbm_peak_bytes": e.hbm_peak_bytes,
+                "host_peak_bytes": e.host_peak_bytes, "n_evaluated": result.n_evaluated}
     return best
 
 
