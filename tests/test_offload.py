@@ -265,3 +265,17 @@ def test_save_on_cpu_packs_every_saved_occurrence(cal):
     assert copies == 40  # what the h100 activation-offload trace shows per Llama layer
     T, h = 2 * 2048, SMALL.hidden_size
     assert nbytes >= 3 * T * h * 4  # the layer input twice and the attention residual once more
+
+
+def test_rewrite_reports_where_each_op_went(cal):
+    from ghsim.graph.offload import StepFacts, apply_offload_mapped
+
+    p = make_plan(offload=["activations"])
+    base = graph_of(cal)  # the same step without offload
+    facts = StepFacts(trainable=SMALL.total_params, n_tensors=201, saved_per_layer=1e8, gpu_param_width=4,
+                      layer_params=SMALL.layer_params)
+    price = CostModel(H100, cal).duration
+    out, mapping = apply_offload_mapped(base, SMALL, p.with_(offload_schedule=OffloadSchedule.OVERLAPPED), facts, price)
+    assert len(mapping) == len(base.ops) and mapping == sorted(mapping)
+    assert all(out.ops[mapping[i]] is base.ops[i] for i in range(len(base.ops)))
+    assert len(out.ops) == len(base.ops) + 2 * SMALL.num_layers  # one copy down, one back, per layer

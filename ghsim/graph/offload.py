@@ -42,6 +42,7 @@ from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.model import ModelSpec
+from ghsim.graph.optimizer import gpu_adamw
 from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 # DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
@@ -50,7 +51,6 @@ DEEPSPEED_BUCKET_ELEMENTS = 5e8
 # SuperOffload sizes buckets to saturate the link: large enough that the per-copy
 # latency costs at most this share of a bucket's transfer time.
 BUCKET_LATENCY_SHARE = 0.05
-TENSORS_PER_MULTI_TENSOR_LAUNCH = 100
 
 FWD, BWD = "fwd", "bwd"
 
@@ -206,6 +206,7 @@ class Rewriter:
         self.after: dict[int, list[New]] = defaultdict(list)
         self.extra_deps: dict[int, list[New]] = defaultdict(list)
         self.tail: list[New] = []
+        self.mapping: list[int] = []  # after build(): new index of each old op
 
     def insert_before(self, i: int, new: New) -> New:
         self.before[i].append(new)
@@ -254,6 +255,7 @@ class Rewriter:
                 place(new)
         for new in self.tail:
             place(new)
+        self.mapping = mapping
         return g
 
 
@@ -287,13 +289,10 @@ def _marker(name: str, phase: str) -> Op:
 
 def _gpu_adam(params: float, n_tensors: int, plan: Plan) -> Op:
     """The GPU's share of AdamW: DeepSpeed runs its fused multi-tensor Adam; PyTorch the plan's impl."""
-    launches = max(1, math.ceil(n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH))
     impl = plan.optimizer_impl
     if plan.framework == Framework.DEEPSPEED or impl not in ("foreach", "fused"):
         impl = "fused"
-    return Op(name=f"adamw.{impl}.gpu_share", category="optimizer", kind=K.OPT_GPU, resource="gpu", params=params,
-              variant=impl, kernels=launches * (12 if impl == "foreach" else 1), phase="opt",
-              hbm_transient=4 * params if impl == "foreach" else 0.0, mem_tag="optimizer_temp")
+    return gpu_adamw(f"adamw.{impl}.gpu_share", params, n_tensors, impl)
 
 
 # --- the schedules ----------------------------------------------------------------------
@@ -311,6 +310,14 @@ class StepFacts:
 def apply_offload(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
                   price: Callable[[Op], float]) -> OpGraph:
     """The step with the plan's offload schedule woven in (the graph has no optimizer ops yet)."""
+    return apply_offload_mapped(graph, model, plan, facts, price)[0]
+
+
+def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
+                         price: Callable[[Op], float]) -> tuple[OpGraph, list[int]]:
+    """apply_offload, and where each op of `graph` moved to (for callers that hold op indices,
+    such as a multi-GPU micro-batch's end of forward). Works on any graph whose ops carry
+    phases (fwd, bwd, recompute) and layer numbers; collectives on other streams stay put."""
     setup = resolve(plan)
     rw = Rewriter(graph)
     runs = find_runs(graph)
@@ -345,7 +352,8 @@ def apply_offload(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts
         _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph, plan)
     if setup.optimizer:
         _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd, price)
-    return rw.build()
+    out = rw.build()
+    return out, rw.mapping
 
 
 def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph) -> None:
