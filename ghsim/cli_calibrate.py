@@ -18,13 +18,17 @@ from ghsim.tomlio import read_json
 @click.argument("microbench", type=click.Path())
 @click.option("--reference", required=True, help="Profile of the GPU it was measured on (e.g. h100-sxm).")
 @click.option("--name", default=None, help="Calibration name (default: the file's stem).")
+@click.option("--extra", "extras", multiple=True, type=click.Path(),
+              help="More microbenchmark files of the same GPU (microbench2.py) to merge in.")
 @click.option("--out-dir", type=click.Path(), default=None, help="Where to write (default hardware_profiles/calibration).")
-def calibrate(microbench: str, reference: str, name: str | None, out_dir: str | None) -> None:
+def calibrate(microbench: str, reference: str, name: str | None, extras: tuple[str, ...], out_dir: str | None) -> None:
     """Check a microbenchmark JSON, name its reference GPU, and install it as a calibration set."""
     path = Path(microbench)
     data = read_json(path)
     if not isinstance(data, dict) or "meta" not in data:
         raise GhsimError(f"{path}: not a microbenchmark file (no 'meta'; see docs/formats.md)")
+    for extra in extras:
+        merge(data, read_json(Path(extra)), extra)
     ref = load_hardware(reference)
     data["meta"]["reference_profile"] = reference
     data["meta"]["calibrated_from"] = str(path)
@@ -37,15 +41,29 @@ def calibrate(microbench: str, reference: str, name: str | None, out_dir: str | 
     click.echo(summary(cal))
 
 
+def merge(data: dict, extra: dict, where: str) -> None:
+    """Append an extra file's rows; its tables (framework_overhead, unified_memory) replace earlier ones."""
+    if not isinstance(extra, dict) or "meta" not in extra:
+        raise GhsimError(f"{where}: not a microbenchmark file (no 'meta')")
+    for key, value in extra.items():
+        if key == "meta":
+            data["meta"].setdefault("merged", []).append(where)
+        elif isinstance(value, list):
+            data.setdefault(key, []).extend(value)
+        elif isinstance(value, dict):
+            data[key] = value
+
+
 def summary(cal) -> str:
     """The measured efficiencies, as a short table."""
     lines = ["GEMM efficiency vs datasheet peak      min    median    max   points"]
     for dtype, table in sorted(cal.gemm.items()):
         v = table.values
         lines.append(f"  {dtype:<34}{v.min():6.2f}  {np.median(v):7.2f}  {v.max():6.2f}  {len(v):6d}")
-    for which, table in (("attention fwd", cal.attention_fwd), ("attention bwd", cal.attention_bwd)):
-        v = table.values
-        lines.append(f"  {which:<34}{v.min():6.2f}  {np.median(v):7.2f}  {v.max():6.2f}  {len(v):6d}")
+    for which, tables in (("attention fwd", cal.attention_fwd), ("attention bwd", cal.attention_bwd)):
+        for dtype, table in sorted(tables.items()):
+            v = table.values
+            lines.append(f"  {which + ' ' + dtype:<34}{v.min():6.2f}  {np.median(v):7.2f}  {v.max():6.2f}  {len(v):6d}")
     lines.append("memory-bound ops: fixed time, achieved bandwidth (fraction of datasheet HBM)")
     for op, fit in sorted(cal.membound.items()):
         lines.append(f"  {op:<24}{fit.fixed_s * 1e6:8.1f} us  {fit.rate / 1e9:8.0f} GB/s  ({fit.rate / cal.ref_hbm_Bps:4.2f})")
@@ -53,4 +71,7 @@ def summary(cal) -> str:
         lines.append(f"GPU AdamW {impl:<8} {fit.rate / 1e9:6.1f} G params/s")
     lines.append(f"CPU AdamW  {cal.optimizer_cpu_params_per_s / 1e9:6.2f} G params/s on {cal.optimizer_cpu_threads} threads")
     lines.append(f"eager op on the host {cal.eager_op_s * 1e6:.1f} us; kernel in a CUDA graph {cal.cuda_graph_kernel_s * 1e6:.1f} us")
+    lines.append("host time per kernel in a training step (fwd / bwd / optimizer, us):")
+    for variant, costs in sorted(cal.framework_overhead.items()):
+        lines.append(f"  {variant:<26}" + " / ".join(f"{c * 1e6:6.1f}" for c in costs))
     return "\n".join(lines)

@@ -4,7 +4,7 @@ search and the validation call."""
 from __future__ import annotations
 
 from ghsim.cost.calibration import Calibration, load_calibration
-from ghsim.cost.compute import CostModel
+from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
 from ghsim.graph.offload import adjust_static_hbm, check_host_capacity, check_offload
 from ghsim.graph.offload import host_static_bytes as offload_host_static
@@ -64,7 +64,7 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     counts = param_counts(model, plan)
     host_static = offload_host_static(model, plan, counts.trainable, counts.total)  # per GPU
     check_host_capacity(host_static, host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
-    cost = CostModel(hw, cal, host_side)
+    cost = CostModel(hw, cal, host_side, LaunchCosts.of(hw, cal, plan))
     graph = build_step(model, plan, price=cost.duration)
     hbm_static = adjust_static_hbm(static_bytes(model, plan),
                                    static_bytes(model, plan.with_(offload=frozenset())).get("optimizer_states", 0.0),

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.cost.calibration import Calibration
-from ghsim.cost.compute import CostModel
+from ghsim.cost.compute import CostModel, LaunchCosts
+from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
 from ghsim.graph import ops as K
 from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
@@ -35,6 +36,7 @@ from ghsim.graph.parallel import (
     build_microbatch,
     chunk_params,
     model_state_bytes,
+    model_states,
 )
 from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
 from ghsim.hardware import Hardware
@@ -169,7 +171,7 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     from ghsim.simulate import model_flops  # (simulate imports this module)
 
     layout = Layout.of(plan, hw)
-    cost = CostModel(hw, calibration)
+    cost = CostModel(hw, calibration, HostSide.of(hw, plan, calibration), LaunchCosts.of(hw, calibration, plan))  # host link and CPU shared per node
     fabric = fabric or Fabric.of(hw)
     groups = layout.groups()
 
@@ -211,9 +213,12 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     step_time = pipe.schedule.makespan
 
     # --- time breakdown and utilization of each stage ------------------------------------------
-    stage_stats = [_stage_breakdown(pipe, d, step_time, runs, kind_of, pp) for d in range(pp)]
-    rep = max(range(pp), key=lambda d: stage_stats[d]["busy_s"])
-    breakdown, utilization = stage_stats[rep]["breakdown"], stage_stats[rep]["utilization"]
+    gpu_ops, last_end = _ops_by_stage(pipe, pp)
+    dur = pipe.schedule.end - pipe.schedule.start
+    busy = [float(dur[ops].sum()) for ops in gpu_ops]
+    rep = max(range(pp), key=lambda d: busy[d])  # the busiest stage: the pipeline's bottleneck
+    rep_stats = _stage_breakdown(pipe, rep, gpu_ops[rep], last_end[rep], step_time, runs, kind_of, pp)
+    breakdown, utilization = rep_stats["breakdown"], rep_stats["utilization"]
 
     # --- memory of each stage ------------------------------------------------------------------
     stage_mem = [_stage_memory(model, plan, layout, d, runs, kind_of, per_chunk) for d in range(pp)]
@@ -232,7 +237,7 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     peak_dtype = "tf32" if plan.precision == Precision.TF32 else ("fp32" if plan.precision == Precision.FP32 else "bf16")
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()
-    bubble = stage_stats[rep]["breakdown"].get("pipeline_bubble", 0.0)
+    bubble = breakdown.get("pipeline_bubble", 0.0)
     parallel = {
         "layout": {"gpus": layout.gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
                    "gpus_per_node": layout.gpus_per_node, "nodes": layout.nodes, "interleave": v,
@@ -242,9 +247,10 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
                    for name, g in groups.items()},
         "representative_stage": rep,
         "pipeline_bubble_fraction": bubble / step_time if step_time > 0 else 0.0,
-        "stages": [{"stage": d, "busy_s": stage_stats[d]["busy_s"], "bubble_s": stage_stats[d]["breakdown"].get(
-                        "pipeline_bubble", 0.0), "hbm_peak_bytes": stage_mem[d][0].peak_bytes,
-                    "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()}}
+        "stages": [{"stage": d, "busy_s": busy[d], "idle_s": step_time - busy[d],
+                    "hbm_peak_bytes": stage_mem[d][0].peak_bytes,
+                    "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()},
+                    "model_state_bytes": _stage_model_states(model, plan, layout, d, kind_of, per_chunk)}
                    for d in range(pp)],
         "microbatch": {("first" if k[0] else "") + ("last" if k[1] else "") or "middle":
                        {"forward_s": r[0].times["t_fwd"], "backward_s": r[0].times["t_bwd"] - r[0].times["t_fwd"],
@@ -275,18 +281,30 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     )
 
 
-def _stage_breakdown(pipe: PipelineRun, d: int, step_time: float, runs, kind_of, pp: int) -> dict:
+def _ops_by_stage(pipe: PipelineRun, pp: int) -> tuple[list[list[int]], list[float]]:
+    """Each stage's compute-stream ops, in order, and the time its last op of any kind ends."""
+    gpu = [[] for _ in range(pp)]
+    last_end = [0.0] * pp
+    end = pipe.schedule.end
+    for i, op in enumerate(pipe.graph.ops):
+        d = pipe.stage_of[i]
+        if op.resource.startswith("gpu"):
+            gpu[d].append(i)
+        if end[i] > last_end[d]:
+            last_end[d] = float(end[i])
+    return gpu, last_end
+
+
+def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: float, step_time: float,
+                     runs, kind_of, pp: int) -> dict:
     """Stage d's compute stream over the step: each aggregated op's kernel-level breakdown,
     the gaps between them (pipeline bubbles, or exposed gradient reduction)."""
     g, sched = pipe.graph, pipe.schedule
-    gpu = f"gpu{d}"
     out: dict[str, float] = {c: 0.0 for c in KERNEL_CATEGORIES}
     out.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0, "wait_host_launch": 0.0,
                 "wait_other": 0.0, "pipeline_bubble": 0.0})
     cursor, busy, kernel = 0.0, 0.0, 0.0
-    for i, op in enumerate(g.ops):
-        if op.resource != gpu:
-            continue
+    for i in gpu_ops:
         s, e = sched.start[i], sched.end[i]
         if s > cursor:
             waited = [k for k in g.deps[i] if abs(sched.end[k] - s) < 1e-12]
@@ -301,8 +319,8 @@ def _stage_breakdown(pipe: PipelineRun, d: int, step_time: float, runs, kind_of,
             out["other"] += e - s
         busy += e - s
         cursor = max(cursor, e)
-    if step_time > cursor:
-        ends_here = [i for i in range(len(g)) if pipe.stage_of[i] == d and abs(sched.end[i] - step_time) < 1e-12]
+    if step_time > cursor:  # the step ends on this stage's data-parallel link, or on another stage
+        ends_here = abs(last_end - step_time) < 1e-12
         out["communication" if ends_here else "pipeline_bubble"] += step_time - cursor
     kernel += out["communication"]
     out = {k: float(t) for k, t in out.items()}
@@ -360,6 +378,15 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, runs, ki
                        "grads": shard * 4 * node}
     host = host_peak(worst.graph.ops, host_static)
     return worst_peak, host
+
+
+def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int) -> dict:
+    """Params, gradients, masters and optimizer state one GPU of stage d holds, as the ZeRO paper counts them."""
+    params = trainable = 0.0
+    for c in range(layout.interleave):
+        cp = chunk_params(model, plan, layout, Chunk(per_chunk, *kind_of[c * layout.pp + d]))
+        params, trainable = params + cp.params, trainable + cp.trainable
+    return {k: float(v) for k, v in model_states(params, trainable, plan, layout.dp).items()}
 
 
 def _mem_marker(tag: str, nbytes: float) -> Op:

@@ -10,6 +10,7 @@ same die with other peaks (an H100 measurement priced at GH200's clocks and HBM)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -77,8 +78,9 @@ class Calibration:
     ref_peak_flops: dict[str, float]  # that GPU's datasheet peaks, FLOP/s by dtype
     ref_hbm_Bps: float  # that GPU's datasheet HBM bandwidth
     gemm: dict[str, PointTable]  # dtype -> efficiency vs (log2 m, log2 n, log2 k)
-    attention_fwd: PointTable  # efficiency vs (log2 seq, log2 batch*heads, head_dim/64)
-    attention_bwd: PointTable
+    attention_fwd: dict[str, PointTable]  # dtype -> efficiency vs attention_features()
+    attention_bwd: dict[str, PointTable]
+    framework_overhead: dict[str, tuple[float, float, float]]  # variant -> host s/kernel (fwd, bwd, opt)
     membound: dict[str, LinearFit]  # op -> fixed time and achieved bytes/s on the reference
     hbm_copy_Bps: float  # best measured device copy (read + write) on the reference
     optimizer_gpu: dict[str, LinearFit]  # impl -> params/s on the reference
@@ -103,20 +105,46 @@ def _gemm_tables(rows: list[dict[str, Any]], peaks: dict[str, float]) -> dict[st
     }
 
 
-def _attention_table(rows: list[dict[str, Any]], peak_bf16: float, which: str) -> PointTable:
-    """Efficiency from measured times, with ghsim's own FLOP convention (cost/flops.py)."""
+def attention_features(seq: int, batch_heads: int, head_dim: int, gqa: bool) -> tuple[float, ...]:
+    """Where an attention call sits among the measured ones. GQA is a feature because it
+    changes which SDPA backend PyTorch picks in fp32 (memory-efficient vs math)."""
+    return (math.log2(max(seq, 1)), math.log2(max(batch_heads, 1)), head_dim / 64, 4.0 * gqa)
+
+
+def _attention_tables(rows: list[dict[str, Any]], peak: dict[str, float], which: str) -> dict[str, PointTable]:
+    """Efficiency by dtype from measured times, with ghsim's own FLOP convention (cost/flops.py).
+
+    Rows measured with the backend PyTorch picks by default ("default_backend")
+    are the ones a training step runs; forced-backend rows are used only for a
+    dtype that has no default-backend measurement.
+    """
     flops_of = attention_fwd_flops if which == "fwd" else attention_bwd_flops
-    feats, effs = [], []
-    for r in rows:
-        t = r.get(f"{which}_time_s")
-        if not t:
+    tables: dict[str, PointTable] = {}
+    for dtype in sorted({r.get("dtype", "bf16") for r in rows}):
+        mine = [r for r in rows if r.get("dtype", "bf16") == dtype and r.get(f"{which}_time_s")]
+        default = [r for r in mine if r.get("default_backend")]
+        feats, effs = [], []
+        for r in default or mine:
+            t = r[f"{which}_time_s"]
+            flops = flops_of(r["batch"], r["heads"], r["seq"], r["head_dim"], bool(r.get("causal", True)))
+            feats.append(attention_features(r["seq"], r["batch"] * r["heads"], r["head_dim"],
+                                            r.get("kv_heads", r["heads"]) != r["heads"]))
+            effs.append(min(flops / t / peak["fp32" if dtype == "fp32" else "bf16"], 1.0))
+        if feats:
+            tables[dtype] = PointTable(np.array(feats), np.array(effs))
+    if "bf16" not in tables:
+        raise GhsimError(f"calibration has no bf16 attention {which} measurements")
+    return tables
+
+
+def _framework_overhead(d: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """Host seconds per launched kernel in forward, backward and the optimizer, by step variant."""
+    out = {}
+    for r in d.get("framework_overhead", {}).get("rows", []):
+        if "error" in r or not r.get("fwd_launches") or not r.get("bwd_launches"):
             continue
-        flops = flops_of(r["batch"], r["heads"], r["seq"], r["head_dim"], bool(r.get("causal", True)))
-        feats.append((np.log2(r["seq"]), np.log2(r["batch"] * r["heads"]), r["head_dim"] / 64))
-        effs.append(min(flops / t / peak_bf16, 1.0))
-    if not feats:
-        raise GhsimError(f"calibration has no attention {which} measurements")
-    return PointTable(np.array(feats), np.array(effs))
+        out[r["variant"]] = tuple(r[f"{p}_host_s"] / max(r[f"{p}_launches"], 1) for p in ("fwd", "bwd", "opt"))
+    return out
 
 
 def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) -> Calibration:
@@ -148,8 +176,9 @@ def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) 
             ref_peak_flops=dict(peaks),
             ref_hbm_Bps=reference.hbm.bandwidth,
             gemm=_gemm_tables(d["gemm"], peaks),
-            attention_fwd=_attention_table(d["attention"], peaks["bf16"], "fwd"),
-            attention_bwd=_attention_table(d["attention"], peaks["bf16"], "bwd"),
+            attention_fwd=_attention_tables(d["attention"], peaks, "fwd"),
+            attention_bwd=_attention_tables(d["attention"], peaks, "bwd"),
+            framework_overhead=_framework_overhead(d),
             membound=membound,
             hbm_copy_Bps=max(r["gbps"] for r in copies) * 1e9,
             optimizer_gpu={k: fit_linear(a, t, f"{where} optimizer_gpu/{k}") for k, (a, t) in opt_rows.items()},

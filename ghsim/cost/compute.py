@@ -1,8 +1,8 @@
 """Op durations: from each op's work and the hardware's calibrated efficiencies.
 
 GEMMs use the measured efficiency at the nearest measured shapes (not one flat
-MFU); attention uses measured flash-attention efficiency by sequence and head
-count; memory-bound ops use the measured fixed time and achieved bandwidth of
+MFU); attention uses the measured efficiency of PyTorch's default SDPA backend
+by dtype, sequence, heads and head size; memory-bound ops use the measured fixed time and achieved bandwidth of
 the same eager PyTorch op; copies use the host link's rate for their direction
 and buffer kind; the CPU optimizer uses the host's measured AdamW rate.
 
@@ -15,14 +15,60 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ghsim.cost.calibration import Calibration
+from ghsim.cost.calibration import Calibration, attention_features
 from ghsim.cost.flops import gemm_flops
 from ghsim.cost.hostlink import TORCH_CPU_ADAM, HostSide
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op
+from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS
 from ghsim.hardware import Hardware
+from ghsim.plan import Plan, Precision, Recompute
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class LaunchCosts:
+    """Host seconds per launched kernel in an eager training step, by phase.
+
+    Measured (validation/harness/microbench2.py, framework_overhead) on a tiny
+    model whose GPU work is negligible: nn.Module calls, autocast and autograd
+    recording in forward, the autograd engine in backward. They are several times
+    a bare launch, which is why small models leave the GPU idle. Checkpointed
+    (recompute) steps and LoRA steps cost more per kernel and are measured apart.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    opt_s: float
+
+    @staticmethod
+    def variant(plan: Plan) -> str:
+        if plan.recompute == Recompute.FULL:
+            return "bf16-amp-full-recompute"
+        if plan.recompute == Recompute.SELECTIVE:
+            return "bf16-amp-selective"
+        if plan.lora_rank:
+            return "lora16-bf16"
+        if plan.precision == Precision.FP8:
+            return "fp8"
+        if plan.precision in (Precision.FP32, Precision.TF32):
+            return "fp32"
+        return "bf16-amp"
+
+    @classmethod
+    def of(cls, hw: Hardware, cal: Calibration, plan: Plan | None) -> "LaunchCosts":
+        measured = cal.framework_overhead.get(cls.variant(plan)) if plan is not None else None
+        if measured is None:  # no framework measurement: the profile's bare launch cost
+            return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
+        return cls(*measured)
+
+    def per_kernel(self, phase: str) -> float:
+        if phase in ("bwd", "recompute"):
+            return self.bwd_s
+        if phase == "opt":
+            return self.opt_s
+        return self.fwd_s
 
 
 @dataclass(frozen=True)
@@ -30,6 +76,7 @@ class CostModel:
     hw: Hardware
     cal: Calibration
     host_side: HostSide | None = None  # per-GPU shares of link, CPU and host memory (default: one GPU)
+    launch: LaunchCosts | None = None  # host cost per kernel (default: the profile's bare launch)
 
     @property
     def host(self) -> HostSide:
@@ -57,11 +104,15 @@ class CostModel:
             t = t_ref * self.cal.ref_peak_flops[dtype] / self.hw.peak_flops[dtype]
         return max(t, self.cal.min_kernel_s)
 
-    def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool) -> float:
-        batch, heads, _kv_heads, seq, head_dim = shape
-        table = self.cal.attention_bwd if backward else self.cal.attention_fwd
-        eff = table.query((_log2(seq), _log2(batch * heads), head_dim / 64))
-        return max(flops / (eff * self.hw.peak_flops["bf16"]), self.cal.min_kernel_s)
+    def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool, dtype: str = "bf16") -> float:
+        """SDPA as PyTorch runs it by default: cuDNN/flash in bf16; in fp32 the memory-efficient
+        kernel, or the math path for GQA (the calibration's rows carry that)."""
+        batch, heads, kv_heads, seq, head_dim = shape
+        tables = self.cal.attention_bwd if backward else self.cal.attention_fwd
+        dtype = "fp32" if dtype in ("fp32", "tf32") and "fp32" in tables else "bf16"
+        eff = tables[dtype].query(attention_features(seq, batch * heads, head_dim, kv_heads != heads))
+        peak = self.hw.peak_flops["fp32" if dtype == "fp32" else "bf16"]
+        return max(flops / (eff * peak), self.cal.min_kernel_s)
 
     def membound_time(self, nbytes: float, variant: str) -> float:
         """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32")."""
@@ -84,8 +135,16 @@ class CostModel:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""
         if op.resource not in ("gpu",):
             return self.hw.kernel_launch_s if op.kind in (K.H2D, K.D2H) else 0.0
-        per_kernel = self.hw.cuda_graph_kernel_s if cuda_graphs else self.hw.kernel_launch_s
-        return op.kernels * per_kernel
+        if cuda_graphs:
+            return op.kernels * self.hw.cuda_graph_kernel_s
+        if self.launch is None:
+            return op.kernels * self.hw.kernel_launch_s
+        if op.kind == K.OPT_GPU:
+            # the measured cost is per optimizer call (Python, foreach bookkeeping);
+            # the extra chunk launches of each call cost a bare launch
+            calls = min(op.kernels, FOREACH_ADAMW_CALLS if op.variant == "foreach" else FUSED_ADAMW_CALLS)
+            return calls * self.launch.opt_s + (op.kernels - calls) * self.hw.kernel_launch_s
+        return op.kernels * self.launch.per_kernel(op.phase)
 
     def duration(self, op: Op) -> float:
         kind = op.kind
@@ -93,9 +152,9 @@ class CostModel:
             m, n, k = op.shape
             return self.gemm_time(m, n, k, op.dtype)
         if kind == K.ATTN_FWD:
-            return self.attention_time(op.flops, op.shape, backward=False)
+            return self.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype)
         if kind == K.ATTN_BWD:
-            return self.attention_time(op.flops, op.shape, backward=True)
+            return self.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype)
         if kind == K.MEMBOUND:
             return self.membound_time(op.bytes, op.variant)
         if kind == K.OPT_GPU:

@@ -42,6 +42,7 @@ from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.model import ModelSpec
+from ghsim.graph.optimizer import gpu_adamw
 from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 # DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
@@ -50,7 +51,6 @@ DEEPSPEED_BUCKET_ELEMENTS = 5e8
 # SuperOffload sizes buckets to saturate the link: large enough that the per-copy
 # latency costs at most this share of a bucket's transfer time.
 BUCKET_LATENCY_SHARE = 0.05
-TENSORS_PER_MULTI_TENSOR_LAUNCH = 100
 
 FWD, BWD = "fwd", "bwd"
 
@@ -289,13 +289,10 @@ def _marker(name: str, phase: str) -> Op:
 
 def _gpu_adam(params: float, n_tensors: int, plan: Plan) -> Op:
     """The GPU's share of AdamW: DeepSpeed runs its fused multi-tensor Adam; PyTorch the plan's impl."""
-    launches = max(1, math.ceil(n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH))
     impl = plan.optimizer_impl
     if plan.framework == Framework.DEEPSPEED or impl not in ("foreach", "fused"):
         impl = "fused"
-    return Op(name=f"adamw.{impl}.gpu_share", category="optimizer", kind=K.OPT_GPU, resource="gpu", params=params,
-              variant=impl, kernels=launches * (12 if impl == "foreach" else 1), phase="opt",
-              hbm_transient=4 * params if impl == "foreach" else 0.0, mem_tag="optimizer_temp")
+    return gpu_adamw(f"adamw.{impl}.gpu_share", params, n_tensors, impl)
 
 
 # --- the schedules ----------------------------------------------------------------------

@@ -12,7 +12,15 @@ from typing import Callable
 
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
-from ghsim.graph.transformer import RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS, LayerBuilder, LayerSplit, Tensors
+from ghsim.graph.optimizer import gpu_adamw
+from ghsim.graph.transformer import (
+    RMSNORM_BWD_KERNELS,
+    RMSNORM_FWD_KERNELS,
+    LayerBuilder,
+    LayerSplit,
+    Tensors,
+    _dtyped,
+)
 from ghsim.model import ModelSpec
 from ghsim.graph.offload import StepFacts, apply_offload
 from ghsim.graph.offload import resolve as resolve_offload
@@ -20,10 +28,6 @@ from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.offload import sync_activation_offload
 from ghsim.plan import OffloadSchedule, Plan, Precision, Recompute
 
-# torch.optim.AdamW(foreach=True) runs about a dozen _foreach_ kernels, each over
-# chunks of ~100 tensors (torch/optim/adamw.py, multi_tensor_apply); fused runs one.
-FOREACH_ADAMW_KERNELS = 12
-TENSORS_PER_MULTI_TENSOR_LAUNCH = 100
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     dt = b.dt
     rs, act = dt.residual, dt.act
     b.t.live["x"] = T * h * rs
-    b.mem("final_norm", "rmsnorm_fwd", T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+    b.mem("final_norm", _dtyped("rmsnorm_fwd", rs), T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
           creates={"fn.normed": T * h * 4, "fn.rstd": T * 4, "fn.out": T * h * rs}, transient=T * h * 4)
     cast_in = dt.autocast_casts
     if cast_in:
@@ -95,12 +99,12 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         logits = "logits32"
     else:
         logits = "logits"
-    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 8, 4, "norm_reduction", creates={"lsm": T * V * 4},
+    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, "norm_reduction", creates={"lsm": T * V * 4},
           frees=[logits])
     fwd = b.ops
     b.ops = []
     b.phase = "bwd"
-    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 12, 4, "norm_reduction",
+    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, "norm_reduction",
           creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
     if act != 4:
         b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
@@ -125,7 +129,7 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     else:
         g_fn = "g_fn"
     saved = [n for n in ("fn.normed", "fn.rstd", "fn.out", "x") if n in b.t.live]
-    b.mem("final_norm.bwd", "rmsnorm_bwd", T * h * 16, RMSNORM_BWD_KERNELS, "norm_reduction",
+    b.mem("final_norm.bwd", _dtyped("rmsnorm_bwd", rs), 3 * T * h * rs, RMSNORM_BWD_KERNELS, "norm_reduction",
           creates={"g": g_bytes, **({} if plan.lora_rank else {"grad.final_norm": h * dt.grad})},
           frees=[g_fn] + saved, transient=T * h * 4)
     return fwd, b.ops
@@ -152,14 +156,8 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
 
 
 def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op]:
-    launches = math.ceil(counts.n_tensors / TENSORS_PER_MULTI_TENSOR_LAUNCH)
-    P = counts.trainable  # offloaded optimizers: graph/offload.py
-    foreach = plan.optimizer_impl == "foreach"
-    return [Op(name=f"adamw.{plan.optimizer_impl}", category="optimizer", kind=K.OPT_GPU, resource="gpu",
-               params=P, variant=plan.optimizer_impl,
-               kernels=(FOREACH_ADAMW_KERNELS if foreach else 1) * launches,
-               # _foreach_sqrt(exp_avg_sq) materialises a full fp32 copy of the second moments
-               hbm_transient=P * 4 if foreach else 0.0, phase="opt", mem_tag="optimizer_temp")]
+    """AdamW on the GPU (offloaded optimizers: graph/offload.py)."""
+    return [gpu_adamw(f"adamw.{plan.optimizer_impl}", counts.trainable, counts.n_tensors, plan.optimizer_impl)]
 
 
 def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> OpGraph:

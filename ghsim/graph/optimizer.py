@@ -1,0 +1,35 @@
+"""The GPU AdamW step as PyTorch runs it: one op, its kernel launches and its temporary memory."""
+
+from __future__ import annotations
+
+import math
+
+from ghsim.graph import ops as K
+from ghsim.graph.ops import Op
+
+# torch.optim.AdamW(foreach=True) makes this many _foreach_ calls per step, one
+# launch each when all tensors fit one launch: measured, validation/microbench/
+# h100-overhead.json framework_overhead (opt_launches = 8 for 39 tensors).
+# fused=True makes one _fused_adamw_ call.
+FOREACH_ADAMW_CALLS = 8
+FUSED_ADAMW_CALLS = 1
+# multi_tensor_apply splits each call into launches of at most 110 tensors
+# (depth 4: params, grads, exp_avg, exp_avg_sq) and at most 320 blocks of 65536
+# elements (aten/src/ATen/native/cuda/MultiTensorApply.cuh: depth_to_max_tensors,
+# depth_to_max_blocks, kChunkSize).
+MAX_TENSORS_PER_LAUNCH = 110
+ELEMENTS_PER_LAUNCH = 320 * 65536
+
+
+def adamw_launches(n_tensors: int, n_params: float, impl: str) -> int:
+    calls = FOREACH_ADAMW_CALLS if impl == "foreach" else FUSED_ADAMW_CALLS
+    per_call = max(1, math.ceil(n_tensors / MAX_TENSORS_PER_LAUNCH), math.ceil(n_params / ELEMENTS_PER_LAUNCH))
+    return calls * per_call
+
+
+def gpu_adamw(name: str, params: float, n_tensors: int, impl: str) -> Op:
+    """AdamW over `params` fp32 parameters on the GPU. foreach materialises
+    _foreach_sqrt(exp_avg_sq), a full fp32 copy of the second moments; fused does not."""
+    return Op(name=name, category="optimizer", kind=K.OPT_GPU, resource="gpu", params=params, variant=impl,
+              kernels=adamw_launches(n_tensors, params, impl), phase="opt",
+              hbm_transient=4 * params if impl == "foreach" else 0.0, mem_tag="optimizer_temp")
