@@ -279,3 +279,24 @@ def test_rewrite_reports_where_each_op_went(cal):
     assert len(mapping) == len(base.ops) and mapping == sorted(mapping)
     assert all(out.ops[mapping[i]] is base.ops[i] for i in range(len(base.ops)))
     assert len(out.ops) == len(base.ops) + 2 * SMALL.num_layers  # one copy down, one back, per layer
+
+
+def test_cli_bad_hardware_for_offload_and_unified_memory_exit_2(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from ghsim.cli import main
+
+    src = (Path(__file__).resolve().parent.parent / "hardware_profiles" / "h100-pcie.toml").read_text()
+    no_um = tmp_path / "no-um.toml"
+    no_um.write_text(src.replace("[unified_memory]\nsupported = true", "[unified_memory]\nsupported = false"))
+    res = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--hardware", str(no_um), "--unified-memory"])
+    assert res.exit_code == 2 and "unified memory" in res.output and len(res.output.strip().splitlines()) == 1
+    tiny_host = tmp_path / "tiny-host.toml"
+    marker = "[memory.host]\n"
+    head, tail = src.split(marker)
+    tail = "\n".join('capacity_gb = { value = 16, source = "test" }' if line.startswith("capacity_gb") else line
+                     for line in tail.split("\n"))
+    tiny_host.write_text(head + marker + tail)
+    res = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--hardware", str(tiny_host),
+                                    "--offload", "optimizer"])
+    assert res.exit_code == 2 and "host memory" in res.output and len(res.output.strip().splitlines()) == 1
