@@ -22,8 +22,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ghsim.errors import GhsimError
+from ghsim.cost.hostlink import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
 from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
+from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.step import (
@@ -121,6 +122,9 @@ def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     if v > 1 and plan.grad_accum % pp:
         raise GhsimError(f"interleaved pipelining needs micro-batches per step ({plan.grad_accum}) to be a "
                          f"multiple of --pp {pp}")
+    if plan.offload - {"optimizer", "grads"} or plan.unified_memory:
+        raise GhsimError("with more than one GPU only --offload optimizer is simulated (parameter and activation "
+                         "offload and unified memory are single-GPU for now)")
     if getattr(plan, "sequence_parallel", False) and (plan.micro_batch * plan.seq) % tp:
         raise GhsimError(f"sequence parallelism needs tokens per micro-batch divisible by --tp {tp}")
 
@@ -177,6 +181,10 @@ def model_states(params: float, trainable: float, plan: Plan, dp: int) -> dict[s
     if plan.lora_rank:
         out["params"] += trainable * 4 / (dp if z >= 3 else 1)
     out["grads"] = trainable * sb.grads / (dp if z >= 2 else 1)
+    if z == 1 and plan.framework == Framework.DEEPSPEED:
+        # DeepSpeed's stage-1 optimizer (stage_1_and_2.py) also reduces into a gradient
+        # partition that it steps on; the ZeRO paper's formula leaves it out
+        out["grad_partition"] = trainable * sb.grads / dp
     if "optimizer" not in plan.offload:
         if sb.master:
             out["master_params"] = trainable * sb.master / (dp if z >= 1 else 1)
@@ -184,12 +192,19 @@ def model_states(params: float, trainable: float, plan: Plan, dp: int) -> dict[s
     return out
 
 
+def persistent_grad_shards(plan: Plan, dp: int) -> bool:
+    """DeepSpeed preallocates its gradient partitions; PyTorch (FSDP, ZeroRedundancyOptimizer)
+    creates gradients as backward produces them and frees them in zero_grad(set_to_none=True)."""
+    return plan.framework == Framework.DEEPSPEED and dp > 1 and plan.zero >= 1
+
+
 def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
     """The part of model_states() held from the start of the step. Full gradients
-    (ZeRO 0/1) appear during backward, and under ZeRO-2/3 a bucket's full gradients
-    live until their reduce-scatter: both come from the op graph."""
+    appear during backward and, under ZeRO-2/3, live until their bucket's
+    reduce-scatter; PyTorch's gradient shards appear at that reduce-scatter: all
+    of these come from the op graph."""
     out = model_states(params, trainable, plan, dp)
-    if not (plan.zero >= 2 and dp > 1):
+    if not (plan.zero >= 2 and persistent_grad_shards(plan, dp)):
         del out["grads"]
     return out
 
@@ -287,6 +302,20 @@ def _grad_bytes(template: list[Op]) -> float:
     return sum(max(0.0, (op.hbm_by_tag or {}).get("grads", 0.0)) for op in template)
 
 
+def _offloaded_optimizer(plan: Plan, counts: ParamCounts) -> list[Op]:
+    """ZeRO-Offload, synchronous: this rank's reduced gradient shard goes to pinned host
+    memory, the CPU AdamW updates its fp32 masters, the working parameters come back."""
+    P, dt = counts.trainable, Dtypes.of(plan)
+    return [
+        Op(name="grads.d2h", category=K.COPY, kind=K.D2H, resource="d2h", bytes=P * dt.grad, phase="opt",
+           kernels=0),
+        Op(name="cpu_adamw", category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=P, deps=(0,), host_waits=True,
+           phase="opt", kernels=0, variant=VECTOR_CPU_ADAM if plan.framework == Framework.DEEPSPEED else TORCH_CPU_ADAM),
+        Op(name="params.h2d", category=K.COPY, kind=K.H2D, resource="h2d", bytes=P * dt.param, deps=(1,),
+           host_waits=True, phase="opt", kernels=0),
+    ]
+
+
 def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
     if plan.framework == Framework.TORCH_AMP:
         return DDP_BUCKET_BYTES
@@ -340,10 +369,14 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     Tn = T // layout.tp if sp else T
     x_bytes = Tn * h * dt.residual  # a chunk's input and output (the residual stream)
     g_bytes = Tn * h * (4 if dt.autocast_casts else dt.residual)  # and their gradients
-    fresh_grads = not final or plan.grad_accum == 1 or zero >= 2  # memory replay: the final micro-batch
-    if not fresh_grads:  # earlier micro-batches already hold the full gradients
-        rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", _grad_bytes(bwd) * L
-                                                                  + _grad_bytes(emb_bwd) + _grad_bytes(loss_bwd)))
+    all_grads = _grad_bytes(bwd) * L + _grad_bytes(emb_bwd) + _grad_bytes(loss_bwd)
+    lazy_shards = zero >= 2 and not persistent_grad_shards(plan, dp)
+    earlier = final and plan.grad_accum > 1  # memory replay: earlier micro-batches left gradients behind
+    fresh_grads = not earlier or zero >= 2
+    if not fresh_grads:  # the full gradients, accumulated
+        rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads))
+    elif earlier and lazy_shards:  # the gradient shards, accumulated
+        rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads / dp))
     # --- forward -------------------------------------------------------------------------
     if emb_fwd:
         rg.extend(emb_fwd)
@@ -405,7 +438,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         op = _comm(f"grads.{grad_kind}", grad_kind, "dp", nbytes, comm_time(grad_kind, nbytes, "dp", calls),
                    phase, calls=calls, deps=(after,))
         if zero >= 2:  # the full gradients of the bucket give way to this rank's shard
-            op.change_hbm("grads", -nbytes)
+            op.change_hbm("grads", -nbytes + (nbytes / dp if lazy_shards and not earlier else 0.0))
         last_dp = rg.g.add(op)
 
     bwd_ends: list[int] = []
@@ -447,7 +480,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         shard = dp if zero >= 1 else 1
         counts = ParamCounts(cp.params, cp.trainable / shard, max(1, round(param_counts(local, plan).n_tensors
                                                                        * max(L, 1) / local.num_layers)))
-        opt = _optimizer_ops(local, plan, counts)
+        opt = _offloaded_optimizer(plan, counts) if "optimizer" in plan.offload else _optimizer_ops(local, plan, counts)
         for op in opt:
             op.duration = price(op)
         if last_dp >= 0:

@@ -132,40 +132,55 @@ def _link(src: int, dst: int) -> str:
 
 
 def _run(items: list[list[tuple]], pp: int) -> PipelineRun:
-    """Issue every stage's ops in its own order, interleaving stages so dependencies come first."""
+    """Issue every stage's ops in its own order, interleaving stages so dependencies come first.
+
+    Ops of one (stage, segment, chunk) share one Op object (the graph keeps each copy's
+    deps and micro-batch), so a 3072-GPU pipeline of 130k ops stays cheap."""
     graph = OpGraph()
     index: dict[tuple, int] = {}
     names: dict[str, int] = {}
     resources: list[engine.Resource] = []
+    shared: dict[tuple, Op] = {}
     resource_of, durations, stage_of, segment = [], [], [], []
+    g_ops, g_deps, g_layer, g_mb = graph.ops, graph.deps, graph.layer, graph.microbatch
     pos = [0] * pp
-    remaining = sum(len(s) for s in items)
-    while remaining:
-        progressed = False
-        for d in range(pp):
-            seq = items[d]
-            while pos[d] < len(seq):
-                key, res, seconds, deps, seg, c, m = seq[pos[d]]
-                if any(k not in index for k in deps):
-                    break
-                if res not in names:
-                    names[res] = len(resources)
-                    resources.append(engine.Resource(res))
-                category = "communication" if seg in ("comm", "p2p") else ("optimizer" if seg == "opt" else "other")
-                op = Op(name=f"{key[0]} chunk {key[1]} mb {m}" if len(key) == 3 else f"{key[0]} stage {d}",
-                        category=category, kind=K.HOST_WORK, resource=res, seconds=seconds, kernels=0,
-                        deps=tuple(index[k] for k in deps), phase=seg)
+    waiting: dict[tuple, list[int]] = {}  # key not yet issued -> stages blocked on it
+    ready = list(range(pp - 1, -1, -1))
+    while ready:
+        d = ready.pop()
+        seq = items[d]
+        p = pos[d]
+        while p < len(seq):
+            key, res, seconds, deps, seg, c, m = seq[p]
+            missing = next((k for k in deps if k not in index), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(d)
+                break
+            r = names.get(res)
+            if r is None:
+                r = names[res] = len(resources)
+                resources.append(engine.Resource(res))
+            op = shared.get((res, seg, c, seconds))
+            if op is None:
+                category = "communication" if seg in ("comm", "p2p") else "optimizer" if seg == "opt" else "other"
+                name = f"{seg} chunk {c}" if c >= 0 else f"{seg} stage {d}"
+                op = shared[(res, seg, c, seconds)] = Op(name=name, category=category, kind=K.HOST_WORK,
+                                                         resource=res, seconds=seconds, kernels=0, phase=seg)
                 op.duration = seconds
-                index[key] = graph.add(op, layer=c, microbatch=max(m, 0))
-                resource_of.append(names[res])
-                durations.append(seconds)
-                stage_of.append(d)
-                segment.append(seg)
-                pos[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlocks: an op waits for one never issued")
-    n = len(graph)
-    sched = engine.run(resources, resource_of, durations, graph.deps, [0.0] * n, [False] * n)
+            index[key] = len(g_ops)
+            g_ops.append(op)
+            g_deps.append(tuple(index[k] for k in deps))
+            g_layer.append(c)
+            g_mb.append(max(m, 0))
+            resource_of.append(r)
+            durations.append(seconds)
+            stage_of.append(d)
+            segment.append(seg)
+            ready.extend(waiting.pop(key, ()))
+            p += 1
+        pos[d] = p
+    if any(pos[d] < len(items[d]) for d in range(pp)):
+        raise RuntimeError("pipeline schedule deadlocks: an op waits for one never issued")
+    n = len(g_ops)
+    sched = engine.run(resources, resource_of, durations, g_deps, [0.0] * n, [False] * n)
     return PipelineRun(graph, resources, sched, stage_of, segment)
