@@ -225,36 +225,51 @@ class Rewriter:
 
     def build(self) -> OpGraph:
         old, g = self.old, OpGraph()
-        mapping = [0] * len(old.ops)
+        n = len(old.ops)
+        # where every old op lands: shifted by the insertions before it (one pass over the
+        # insertion points, not over the ops: graphs have tens of thousands of ops)
+        mapping = [0] * n
+        placed: list[tuple[int, New]] = []
+        prev = offset = 0
+        for p in sorted(set(self.before) | set(self.after)):
+            mapping[prev:p] = range(prev + offset, p + offset)
+            for k, new in enumerate(self.before.get(p, ())):
+                new.index = p + offset + k
+                placed.append((new.index, new))
+            offset += len(self.before.get(p, ()))
+            mapping[p] = p + offset
+            for k, new in enumerate(self.after.get(p, ())):
+                new.index = p + offset + 1 + k
+                placed.append((new.index, new))
+            offset += len(self.after.get(p, ()))
+            prev = p + 1
+        mapping[prev:n] = range(prev + offset, n + offset)
+        total = n + offset + len(self.tail)
+        for k, new in enumerate(self.tail):
+            new.index = n + offset + k
+            placed.append((new.index, new))
 
-        def ref(d) -> int:
-            if isinstance(d, New):
-                if d.index < 0:
-                    raise ValueError(f"{d.op.name} is used before it is placed")
-                return d.index
-            return mapping[d]
+        def ref(d, at: int) -> int:
+            i = d.index if isinstance(d, New) else mapping[d]
+            if not 0 <= i < at:
+                name = d.op.name if isinstance(d, New) else old.ops[d].name
+                raise ValueError(f"{name} is used before it is placed")
+            return i
 
-        def place(new: New) -> None:
-            new.index = len(g.ops)
-            g.ops.append(new.op)
-            g.deps.append(tuple(sorted({ref(d) for d in new.deps})))
-            g.layer.append(new.layer)
-            g.microbatch.append(new.mb)
-
-        for i, op in enumerate(old.ops):
-            for new in self.before.get(i, ()):
-                place(new)
-            mapping[i] = len(g.ops)
-            deps = tuple(mapping[d] for d in old.deps[i])
-            extra = tuple(ref(n) for n in self.extra_deps.get(i, ()))
-            g.ops.append(op)
-            g.deps.append(tuple(sorted(set(deps + extra))) if extra else deps)
-            g.layer.append(old.layer[i])
-            g.microbatch.append(old.microbatch[i])
-            for new in self.after.get(i, ()):
-                place(new)
-        for new in self.tail:
-            place(new)
+        g.ops, g.deps = [None] * total, [()] * total  # type: ignore[list-item]
+        g.layer, g.microbatch = [-1] * total, [0] * total
+        at = mapping.__getitem__
+        for i in range(n):
+            j = mapping[i]
+            g.ops[j], g.layer[j], g.microbatch[j] = old.ops[i], old.layer[i], old.microbatch[i]
+            deps = old.deps[i]
+            g.deps[j] = tuple(map(at, deps)) if deps else ()
+        for i, extra in self.extra_deps.items():
+            j = mapping[i]
+            g.deps[j] = tuple(sorted(set(g.deps[j]) | {ref(d, j) for d in extra}))
+        for j, new in placed:
+            g.ops[j], g.layer[j], g.microbatch[j] = new.op, new.layer, new.mb
+            g.deps[j] = tuple(sorted({ref(d, j) for d in new.deps}))
         self.mapping = mapping
         return g
 
