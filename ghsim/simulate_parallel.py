@@ -238,7 +238,11 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()
     bubble = breakdown.get("pipeline_bubble", 0.0)
+    exposed = breakdown.get("communication", 0.0)
     parallel = {
+        "summary": (f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} on {layout.nodes} node(s); {M} micro-batch(es) "
+                    f"per rank; pipeline bubble {bubble / step_time:.1%}, communication on the critical path "
+                    f"{exposed * 1e3:.1f} ms (stage {rep})") if step_time > 0 else "",
         "layout": {"gpus": layout.gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
                    "gpus_per_node": layout.gpus_per_node, "nodes": layout.nodes, "interleave": v,
                    "sequence_parallel": layout.split().sequence_parallel, "micro_batches": M},

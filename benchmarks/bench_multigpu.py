@@ -1,0 +1,144 @@
+"""Multi-GPU simulation: speed of simulate() at scale, and errors against the published tables.
+
+    python benchmarks/bench_multigpu.py [--calibration synthetic] [--write]
+
+Speed: llama-3-70b on 1024 GPUs (TP 8, PP 8, DP 16) must simulate in at most 1 s;
+the single-GPU 70B step is timed alongside as the reference. Accuracy: every row
+of validation/published/{narayanan2021,korthikanti2022,rajbhandari2020,steiger2025}*.toml
+(ghsim/validate_published.py). --write rewrites validation/published/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from ghsim.hardware import load_hardware
+from ghsim.model import load_model
+from ghsim.plan import Framework, Plan, Recompute
+from ghsim.simulate import simulate
+from ghsim.validate_published import PUBLISHED, Row, all_rows, render, summary
+
+BUDGET_1024_S = 1.0
+
+
+def median_time(model, hw, plan, cal, repeats: int = 5) -> tuple[float, object]:
+    report = simulate(model, hw, plan, cal, keep_timeline=False)  # warm: calibration loaded and cached
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        report = simulate(model, hw, plan, cal, keep_timeline=False)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), report
+
+
+def speed(cal) -> list[tuple[str, float, object]]:
+    hw = load_hardware("h100-sxm")
+    llama70 = load_model("llama-3-70b")
+    cases = [
+        ("llama-3-70b, 1 GPU, seq 4096, full recompute", llama70, Plan(seq=4096, recompute=Recompute.FULL)),
+        ("llama-3-70b, 1024 GPUs, TP8 PP8 DP16, 1 micro-batch per rank", llama70,
+         Plan(gpus=1024, tp=8, pp=8, seq=4096, recompute=Recompute.FULL, framework=Framework.DEEPSPEED, zero=1)),
+        ("llama-3-70b, 1024 GPUs, TP8 PP8 DP16, global batch 1024 (64 micro-batches)", llama70,
+         Plan(gpus=1024, tp=8, pp=8, seq=4096, global_batch=1024, recompute=Recompute.FULL,
+              framework=Framework.DEEPSPEED, zero=1, sequence_parallel=True)),
+    ]
+    out = []
+    for label, model, plan in cases:
+        t, report = median_time(model, hw, plan, cal)
+        out.append((label, t, report))
+    return out
+
+
+def results_markdown(rows: list[Row], timings: list[tuple[str, float, object]]) -> str:
+    s = summary(rows)
+    lines = [
+        "# Multi-GPU predictions vs published measurements",
+        "",
+        "Written by `python benchmarks/bench_multigpu.py --write`; the test",
+        "`tests/test_multigpu_published.py` recomputes every row. Nothing in ghsim was tuned to",
+        "these rows. The A100 rows are priced with `hardware_profiles/calibration/a100.json`,",
+        "which is *derived, not measured*: the measured H100 efficiencies applied to the A100's",
+        "datasheet peaks (its `meta.derivation` and `meta.caveats` say so). The GH200 rows use",
+        "the profile's own (H100-measured) calibration. Error = predicted / published - 1.",
+        "",
+        "## Summary",
+        "",
+        "| table: metric | rows | median abs error | max abs error |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for key, v in s.items():
+        lines.append(f"| {key} | {v['rows']} | {v['median_abs_error']:.1%} | {v['max_abs_error']:.1%} |")
+    lines += ["", "## Every row", "", "| source | case | metric | published | predicted | error | note |",
+              "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        pred = f"{r.predicted:.4g}" if r.predicted is not None else "not simulated"
+        err = f"{r.error:+.1%}" if r.error is not None else "-"
+        lines.append(f"| {r.source} | {r.case} | {r.metric} | {r.published:.4g} | {pred} | {err} | {r.note} |")
+    lines += ["", "## Assumptions where the papers leave a choice open", "",
+              "- Narayanan et al. Table 1 gives no micro-batch size or interleaving: micro-batch 1,",
+              "  non-interleaved 1F1B, no ZeRO, full recomputation; TFLOP/s per GPU from the paper's Eq. 3",
+              "  FLOP count divided by the predicted step time.",
+              "- Korthikanti et al.: micro-batch and interleaving as in the table (Calculon's reproduction);",
+              "  'full recompute' without sequence parallelism, the other column with it plus selective",
+              "  recomputation (attention core).",
+              "- Both Megatron tables are simulated with ghsim's 'deepspeed' precision semantics (fp16",
+              "  working weights, fp32 masters) and the eager-PyTorch kernel set ghsim models (separate",
+              "  norm, bias, activation and cast kernels; flash attention). Megatron fuses several of",
+              "  these and, in 2021-22, did not use flash attention.",
+              "- ZeRO Figure 1 is simulated on gpt3-7.5b (7.46B parameters, not 7.5B); DeepSpeed's ZeRO-1",
+              "  gradient partition, which the paper's formula leaves out, is counted.",
+              "- Steiger et al.: Llama-3-8B shape (the closest catalog model), DeepSpeed bf16, micro-batch",
+              "  1, seq 2048, no recomputation; tokens/s taken as the sum over the 4 GPUs; published peak",
+              "  VRAM includes model initialization. SuperOffload with several GPUs is not simulated.",
+              "",
+              "## Reading the errors", "",
+              "- Megatron weak scaling: ghsim predicts 9-20% lower throughput than published on the larger",
+              "  models. Part is the kernel set (eager, unfused: the Korthikanti full-recompute column,",
+              "  which runs the forward twice, is over-predicted by 17-25% while the selective column,",
+              "  which runs it once, is within 9%); part is the A100 calibration, which assumes A100",
+              "  kernels reach the same fraction of peak as H100 kernels (A100 GEMMs usually do better).",
+              "- ZeRO model-state memory follows the paper's accounting to within 2%.",
+              "- GH200 DeepSpeed: ghsim predicts 1.6x (ZeRO-1/2) and 2.3x (ZeRO-3) the published tokens/s.",
+              "  ghsim's ZeRO-3 is FSDP-like (one all-gather per layer, prefetched, overlapped); DeepSpeed",
+              "  ZeRO-3 fetches per submodule through Python hooks, which this study measures as 26% slower",
+              "  than ZeRO-1. ghsim's 2-GPU FSDP ZeRO-2/3 cases (validation/cases/h200x2-*) are within",
+              "  8-15%, so the gap is DeepSpeed's engine overhead, which ghsim does not model.",
+              "",
+              "## Simulator speed (this machine)", "",
+              "| case | simulate() median | step | MFU |", "| --- | ---: | ---: | ---: |"]
+    for label, t, report in timings:
+        lines.append(f"| {label} | {t * 1e3:.0f} ms | {report.step_time_s:.3f} s | {report.mfu:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calibration", default="profile", help="'profile' (the hardware's) or 'synthetic'")
+    ap.add_argument("--write", action="store_true", help="rewrite validation/published/RESULTS.md")
+    args = ap.parse_args()
+    cal = None
+    if args.calibration == "synthetic":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from synthetic import synthetic_calibration
+
+        cal = synthetic_calibration()
+    timings = speed(cal)
+    for label, t, report in timings:
+        print(f"{label:<80} {t * 1e3:8.1f} ms   step {report.step_time_s:8.3f} s")
+    t1024 = timings[1][1]
+    print(f"1024-GPU simulate: {t1024:.3f} s = {t1024 / BUDGET_1024_S:.2f} x the {BUDGET_1024_S:.0f} s budget")
+    rows = all_rows()
+    print(render(rows))
+    for key, v in summary(rows).items():
+        print(f"{key:<70} median |err| {v['median_abs_error']:6.1%}   max {v['max_abs_error']:6.1%}")
+    if args.write:
+        (PUBLISHED / "RESULTS.md").write_text(results_markdown(rows, timings))
+        print(f"wrote {PUBLISHED / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
