@@ -50,6 +50,10 @@ def merge(data: dict, extra: dict, where: str) -> None:
             data["meta"].setdefault("merged", []).append(where)
         elif isinstance(value, list):
             data.setdefault(key, []).extend(value)
+        elif key == "framework_overhead":  # repeated runs: keep every row, the calibration takes medians
+            data.setdefault(key, {"rows": []})
+            data[key]["rows"] = data[key].get("rows", []) + value.get("rows", [])
+            data[key]["method"] = value.get("method", "")
         elif isinstance(value, dict):
             data[key] = value
 

@@ -11,6 +11,7 @@ same die with other peaks (an H100 measurement priced at GH200's clocks and HBM)
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -139,12 +140,15 @@ def _attention_tables(rows: list[dict[str, Any]], peak: dict[str, float], which:
 
 def _framework_overhead(d: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
     """Host seconds per launched kernel in forward, backward and the optimizer, by step variant."""
-    out = {}
+    samples: dict[str, list[tuple[float, ...]]] = {}
     for r in d.get("framework_overhead", {}).get("rows", []):
         if "error" in r or not r.get("fwd_launches") or not r.get("bwd_launches"):
             continue
-        out[r["variant"]] = tuple(r[f"{p}_host_s"] / max(r[f"{p}_launches"], 1) for p in ("fwd", "bwd", "opt"))
-    return out
+        variant = re.sub(r"-L\d+$", "", r["variant"])  # depth sweeps ("bf16-amp-L22") pool with their variant
+        samples.setdefault(variant, []).append(
+            tuple(r[f"{p}_host_s"] / max(r[f"{p}_launches"], 1) for p in ("fwd", "bwd", "opt")))
+    # repeated runs (on other lent machines too): the median of each phase
+    return {v: tuple(float(np.median([row[i] for row in rows])) for i in range(3)) for v, rows in samples.items()}
 
 
 def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) -> Calibration:

@@ -40,8 +40,8 @@ ROPE_FWD_KERNELS = 5  # per tensor: mul cos, neg, cat, mul sin, add
 ROPE_BWD_KERNELS = 5
 SWIGLU_FWD_KERNELS = 2  # silu, mul
 SWIGLU_BWD_KERNELS = 3  # two muls, silu backward
-FP8_QUANT_KERNELS = 6  # abs, amax, reciprocal scale, mul, clamp, cast
-FP8_QUANT_PASSES = 4  # reads of the source tensor (abs, amax, mul, clamp)
+# model._quant of the harness: abs, amax, clamp, scale, mul, clamp, cast, reciprocal
+FP8_QUANT_KERNELS = 8
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,11 @@ class Dtypes:
         if plan.framework == Framework.TORCH_AMP:
             return Dtypes(gemm, 2, 4, 4, 4, True)
         return Dtypes(gemm, 2, 2, 2, 2, False)
+
+
+def _dtyped(op: str, width: int) -> str:
+    """The measured curve of `op` in the dtype it runs in (the norm math follows the residual stream)."""
+    return f"{op}:{'fp32' if width == 4 else 'bf16'}"
 
 
 def memory_tag(tensor: str) -> str:
@@ -166,6 +171,8 @@ class LayerBuilder:
             self.mlp_tokens = self.T * model.moe.experts_per_token
         if model.mlp == "gelu":
             self.mlp_in = self.mlp_in[:1]
+        # SDPA runs in fp32 for fp32/tf32 plans (no tensor-core flash kernel), else in bf16
+        self.attn_dtype = "fp32" if plan.precision in (Precision.FP32, Precision.TF32) else "bf16"
         self.t = Tensors()
         self.ops: list[Op] = []
         self.phase = "fwd"
@@ -244,7 +251,8 @@ class LayerBuilder:
         out_bytes = T * p.n_out * dt.act
         if self.plan.precision == Precision.FP8:
             for what, numel, src in (("x", T * p.n_in, inp_bytes_per_el), ("w", p.n_in * p.n_out, dt.param)):
-                self.mem(f"{p.name}.fp8_quant_{what}", "copy", numel * (src * FP8_QUANT_PASSES + 1),
+                # bytes as microbench2 counts them: the source read once, the fp8 copy written once
+                self.mem(f"{p.name}.fp8_quant_{what}", _dtyped("fp8_quant", src), numel * (src + 1),
                          FP8_QUANT_KERNELS, "elementwise", creates={f"{p.name}.{what}8": numel}, transient=numel * src)
                 keep.append(f"{p.name}.{what}8")
             self.gemm(p.name, T, p.n_out, p.n_in, "fp8", creates={out: out_bytes})
@@ -277,11 +285,11 @@ class LayerBuilder:
         gin = T * p.n_in * dt.act
         if self.plan.precision == Precision.FP8:
             g = T * p.n_out
-            self.mem(f"{p.name}.fp8_quant_grad", "copy", g * (dt.act * FP8_QUANT_PASSES + 1), FP8_QUANT_KERNELS,
+            self.mem(f"{p.name}.fp8_quant_grad", _dtyped("fp8_quant", dt.act), g * (dt.act + 1), FP8_QUANT_KERNELS + 1,
                      "elementwise", transient=g * (dt.act + 1))
             # transposed copies of the saved fp8 operands, for cuBLAS layouts
             moved = p.n_in * p.n_out + T * p.n_in + g
-            self.mem(f"{p.name}.fp8_transpose", "copy", 2 * moved, 3, "elementwise", transient=moved)
+            self.mem(f"{p.name}.fp8_transpose", "fp8_transpose", 2 * moved, 3, "elementwise", transient=moved)
         self.gemm(f"{p.name}.dgrad", T, p.n_in, p.n_out, dt.gemm, creates={grad_in: gin})
         if lora:
             self.gemm(f"{p.name}.lora_b.wgrad", p.n_out, lora, T, dt.gemm)
@@ -316,7 +324,7 @@ class LayerBuilder:
 
         # input RMSNorm (fp32 math): keeps rstd and the normalised tensor (and x, the input)
         Tn = self.Tn
-        self.mem("input_norm", "rmsnorm_fwd", Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+        self.mem("input_norm", _dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
                  creates={"n1.normed": Tn * h * 4, "n1.rstd": Tn * 4, "n1.out": Tn * h * rs}, transient=Tn * h * 4)
         gathered = self.tp_gather("n1.all_gather", T * h * rs, "n1.g")
         for p, out in zip(self.attn_in, ("q", "k", "v")):
@@ -335,7 +343,7 @@ class LayerBuilder:
         lse = b * m.num_attention_heads * seq * 4
         shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
         selective = self.plan.recompute == Recompute.SELECTIVE
-        attn = Op(name="flash_attn", category="attention", kind=K.ATTN_FWD, resource="gpu",
+        attn = Op(name="flash_attn", category="attention", kind=K.ATTN_FWD, resource="gpu", dtype=self.attn_dtype,
                   flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
         self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
         kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
@@ -344,7 +352,7 @@ class LayerBuilder:
         self.mem("attn_residual", "add", Tn * h * (2 * rs + act), 1, "elementwise",
                  creates={"h1": Tn * h * rs}, frees=[attn_out])
         # post-attention RMSNorm and the MLP
-        self.mem("post_attn_norm", "rmsnorm_fwd", Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+        self.mem("post_attn_norm", _dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
                  creates={"n2.normed": Tn * h * 4, "n2.rstd": Tn * 4, "n2.out": Tn * h * rs}, transient=Tn * h * 4)
         gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
         if m.moe is not None:
@@ -363,7 +371,8 @@ class LayerBuilder:
         else:
             self.release(["n2.out"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
-        self.mem("swiglu" if len(self.mlp_in) == 2 else "gelu", "silu_mul", ff * (len(self.mlp_in) + 2),
+        # bytes as the microbenchmark counts them: inputs read once, the product written once
+        self.mem("swiglu" if len(self.mlp_in) == 2 else "gelu", "silu_mul", ff * (len(self.mlp_in) + 1),
                  SWIGLU_FWD_KERNELS, "elementwise", creates={"act": ff, "prod": ff})
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
         self.release(list(mlp_outs) + ["act", "prod"])
@@ -422,11 +431,11 @@ class LayerBuilder:
         self.projection_bwd(self.o_proj, g_attn_out, "g_o", kept["o_proj"])
         shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
         if self.plan.recompute == Recompute.SELECTIVE:
-            recompute = Op(name="flash_attn.recompute", category="attention", kind=K.ATTN_FWD, resource="gpu",
+            recompute = Op(name="flash_attn.recompute", category="attention", kind=K.ATTN_FWD, resource="gpu", dtype=self.attn_dtype,
                            flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
             self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act)
             self.ops[-1].phase = "recompute"
-        bwd = Op(name="flash_attn.bwd", category="attention", kind=K.ATTN_BWD, resource="gpu",
+        bwd = Op(name="flash_attn.bwd", category="attention", kind=K.ATTN_BWD, resource="gpu", dtype=self.attn_dtype,
                  flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
         self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
@@ -462,7 +471,8 @@ class LayerBuilder:
         g = 4 if self.dt.autocast_casts else self.dt.residual
         saved = [n for n in (f"{prefix}.normed", f"{prefix}.rstd", norm_input) if n in self.t.live]
         weight_grad = {} if self.plan.lora_rank else {f"grad.{name}": h * self.dt.grad}
-        self.mem(f"{name}.bwd", "rmsnorm_bwd", T * h * 4 * 4, RMSNORM_BWD_KERNELS, "norm_reduction",
+        self.mem(f"{name}.bwd", _dtyped("rmsnorm_bwd", self.dt.residual), 3 * T * h * self.dt.residual,
+                 RMSNORM_BWD_KERNELS, "norm_reduction",
                  creates={f"{grad}.x": T * h * g, **weight_grad}, frees=[grad] + saved, transient=T * h * 4)
         self.mem(f"{name}.residual_sum", "add", 3 * T * h * g, 1, "elementwise",
                  creates={"g.new": T * h * g}, frees=["g", f"{grad}.x"])

@@ -3,6 +3,9 @@
     python3 validation/harness/microbench2.py --name h100-extra [--budget 240] [--tiny]
 
 Sections (rows in the docs/formats.md schema, plus two new tables):
+* launch: the bare eager-op cost of microbench.py, on the same machine, so the
+  framework overhead can be expressed as a multiple of it (hosts differ between
+  lent machines; the ratio travels, the absolute cost does not).
 * framework_overhead: host seconds per launched kernel in a real eager training
   step (nn.Module calls, autocast, autograd recording; the autograd engine in
   backward; the optimizer), measured on a tiny Llama (validation/harness/model.py)
@@ -36,6 +39,7 @@ import microbench as mb  # noqa: E402
 from model import ModelConfig, _quant, build_model  # noqa: E402
 
 REPO = HERE.parent.parent
+DEPTHS: list[int] = []  # --depths: the overhead variants at several layer counts instead
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
                 "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel")
 
@@ -49,6 +53,10 @@ def sync():
 def overhead_variants(tiny):
     base = dict(hidden_size=128, intermediate_size=256, num_layers=4, num_attention_heads=4, num_kv_heads=2,
                 head_dim=32, vocab_size=512, max_seq_len=256)
+    if DEPTHS:
+        return [(f"bf16-amp-L{n}", dict(base, num_layers=n), dict(), "bf16") for n in DEPTHS] + \
+               [(f"lora16-bf16-L{n}", dict(base, num_layers=n), dict(lora_rank=16, base_dtype=torch.bfloat16), "bf16")
+                for n in DEPTHS]
     return [
         ("bf16-amp", base, dict(), "bf16"),
         ("fp32", base, dict(), "fp32"),
@@ -281,7 +289,9 @@ def main():
     ap.add_argument("--budget", type=float, default=240)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--sections", default="overhead,attention,fp8,um")
+    ap.add_argument("--depths", default="", help="e.g. 4,22,32: host cost per kernel vs model depth")
     a = ap.parse_args()
+    DEPTHS.extend(int(x) for x in a.depths.split(",") if x)
     mb.CUDA = torch.cuda.is_available() and not a.tiny
     mb.DEV = "cuda" if mb.CUDA else "cpu"
     torch.manual_seed(0)
@@ -289,7 +299,7 @@ def main():
     mb.gather_meta(res)
     res["meta"]["method"] = __doc__
     B = mb.Budget(a.budget)
-    sections = {"overhead": (run_overhead, 0.2), "attention": (run_attention_default, 0.45),
+    sections = {"launch": (mb.run_launch, 0.05), "overhead": (run_overhead, 0.2), "attention": (run_attention_default, 0.45),
                 "fp8": (run_fp8_membound, 0.2), "um": (run_unified_memory, 0.15)}
     plan = [(name, *sections[name]) for name in a.sections.split(",")]
     out = REPO / "validation" / "microbench" / f"{a.name}.json"
