@@ -24,6 +24,7 @@ class Timeline:
     deps: list[tuple[int, ...]]  # absolute, per op
     layer: list[int]  # decoder layer of each op (-1: none)
     microbatch: list[int]
+    lead_gap: np.ndarray | None = None  # per op: idle stream time before its kernels start
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,23 @@ def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float,
     breakdown.update({"memcpy": 0.0, "um_migration": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0,
                       "wait_host_launch": 0.0, "wait_other": 0.0})
     gpu_idx = np.flatnonzero(on_gpu)
-    dur = end[gpu_idx] - start[gpu_idx]
-    for cat in KERNEL_CATEGORIES:
-        mask = np.fromiter((ops[i].category == cat for i in gpu_idx), bool, len(gpu_idx))
-        breakdown[cat] = float(dur[mask].sum())
+    gap = timeline.lead_gap if timeline.lead_gap is not None else np.zeros(len(ops))
+    breakdown["wait_kernel_gaps"] = float(gap[gpu_idx].sum())
+    body = start + gap  # kernels run after their launch gap; the gap is idle
+    dur = end[gpu_idx] - body[gpu_idx]
+    # time per distinct op object (replicated layers share them), then by category
+    per_op: dict[int, list] = {}
+    for i, d in zip(gpu_idx.tolist(), dur.tolist()):
+        entry = per_op.get(id(ops[i]))
+        if entry is None:
+            per_op[id(ops[i])] = [ops[i], d]
+        else:
+            entry[1] += d
+    for op, d in per_op.values():
+        if op.category not in KERNEL_CATEGORIES:
+            continue
+        for cat, share in op.split or ((op.category, 1.0),):
+            breakdown[cat] += d * share
     is_um = np.fromiter((ops[i].category == UM for i in gpu_idx), bool, len(gpu_idx))
     breakdown["memcpy"] = float(dur[~is_kernel[gpu_idx] & ~is_um].sum())
     breakdown["um_migration"] = float(dur[is_um].sum())  # unified-memory faults stall the stream
@@ -133,8 +147,8 @@ def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float,
         copies = np.fromiter((op.category == COPY for op in ops), bool, len(ops))
         rest = "wait_transfer" if copies.any() and end[copies].max() > last_gpu else "wait_cpu"
         breakdown[rest] += tail - on_cpu
-    kernels = np.flatnonzero(is_kernel & (end > start))
-    busy = _union_length(start[kernels], end[kernels])
+    kernels = np.flatnonzero(is_kernel & (end > body))
+    busy = _union_length(body[kernels], end[kernels])
     return busy / step_time if step_time > 0 else 0.0, breakdown
 
 

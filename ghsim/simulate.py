@@ -3,6 +3,8 @@ search and the validation call."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
@@ -78,15 +80,17 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     names = [r.name for r in resources]
     index = {n: i for i, n in enumerate(names)}
     issue = {id(o): cost.issue_cost(o, plan.cuda_graphs) for o in ops}  # per distinct op, not per copy
+    gap = {id(o): cost.kernel_gap(o, plan.cuda_graphs) for o in ops}
+    lead_gap = np.fromiter((gap[id(o)] for o in ops), float, len(ops))
     sched = engine.run(
         resources,
         [index[o.resource] for o in ops],
-        [o.duration for o in ops],
+        [o.duration + g for o, g in zip(ops, lead_gap)],
         graph.deps,
         [issue[id(o)] for o in ops],
         [o.host_waits for o in ops],
     )
-    timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch)
+    timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch, lead_gap)
     step_time = sched.makespan
     utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
     hbm = hbm_peak(ops, hbm_static)
@@ -107,6 +111,9 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
              + (" (fp32 params, autocast casts weights and inputs per op)" if plan.framework.value == "torch-amp"
                 and plan.precision.is_mixed else ""),
              f"MFU is relative to the {peak_dtype} dense peak"]
+    if plan.zero:  # accepted, as DeepSpeed accepts it: sharding over one rank changes nothing
+        notes.append(f"ZeRO stage {plan.zero} on one GPU shards over one rank: no saving, simulated as stage 0"
+                     + (" (offload still applies)" if plan.offload else ""))
     return StepReport(
         step_time_s=step_time,
         tokens_per_step=plan.tokens_per_step,

@@ -89,6 +89,7 @@ class Calibration:
     optimizer_cpu_threads: int
     eager_op_s: float  # host time per eager PyTorch op
     cuda_graph_kernel_s: float
+    kernel_gap_s: float  # GPU idle between stream-launched kernels (see _kernel_gap)
     min_kernel_s: float  # shortest kernel (fixed time of a device copy)
     source: str
 
@@ -136,6 +137,20 @@ def _attention_tables(rows: list[dict[str, Any]], peak: dict[str, float], which:
     if "bf16" not in tables:
         raise GhsimError(f"calibration has no bf16 attention {which} measurements")
     return tables
+
+
+def _kernel_gap(launch: dict[str, Any]) -> float:
+    """Idle time the GPU spends between two kernels launched one by one on a stream.
+
+    Measured tiny kernels run back to back every `empty_kernel_us` when launched
+    on a stream and every `cuda_graph_kernel_us` when replayed from a graph; the
+    difference is the per-kernel front-end cost a graph removes, which a profiler
+    shows as a gap between kernels.
+    """
+    empty = launch.get("empty_kernel_us")
+    if not empty:
+        return 0.0
+    return max(float(empty) - float(launch["cuda_graph_kernel_us"]), 0.0) * 1e-6
 
 
 def _framework_overhead(d: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
@@ -190,6 +205,7 @@ def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) 
             optimizer_cpu_threads=int(best_cpu["threads"]) if best_cpu else 0,
             eager_op_s=float(launch["eager_small_op_us"]) * 1e-6,
             cuda_graph_kernel_s=float(launch["cuda_graph_kernel_us"]) * 1e-6,
+            kernel_gap_s=_kernel_gap(launch),
             min_kernel_s=membound["copy"].fixed_s if "copy" in membound else 0.0,
             source=where,
         )

@@ -146,6 +146,13 @@ class CostModel:
             return calls * self.launch.opt_s + (op.kernels - calls) * self.hw.kernel_launch_s
         return op.kernels * self.launch.per_kernel(op.phase)
 
+    def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:
+        """GPU idle before the op's kernels: the per-kernel front-end cost of stream launches
+        (zero when replayed from a CUDA graph, whose measured per-kernel cost is the kernel's own)."""
+        if cuda_graphs or op.resource != "gpu" or op.category not in K.KERNEL_CATEGORIES:
+            return 0.0
+        return op.kernels * self.cal.kernel_gap_s
+
     def duration(self, op: Op) -> float:
         kind = op.kind
         if kind == K.GEMM:

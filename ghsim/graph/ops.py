@@ -57,6 +57,9 @@ class Op:
     params: float = 0.0  # optimizer ops: parameters updated
     seconds: float = 0.0  # HOST_WORK: fixed time
     host_waits: bool = False
+    # an eager composite whose kernels fall in several categories (RMSNorm: elementwise
+    # kernels and a reduction), as (category, share of its time); None: all in `category`
+    split: tuple[tuple[str, float], ...] | None = None
     # memory effects, bytes, applied when the op is issued
     hbm_alloc: float = 0.0  # stays allocated after the op
     hbm_free: float = 0.0  # released after the op

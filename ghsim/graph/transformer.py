@@ -36,6 +36,13 @@ from ghsim.plan import Framework, Plan, Precision, Recompute
 # (validation/harness/model.py): they set the host's launch cost.
 RMSNORM_FWD_KERNELS = 6  # pow, mean, add eps, rsqrt, mul, mul weight
 RMSNORM_BWD_KERNELS = 10  # mul/sum for the weight, rsqrt/mean/pow backward, accumulation
+# How a profiler files those kernels (ghsim.traces.categories): the reductions (mean;
+# the two sums of the backward; amax) as norm_reduction, the rest as elementwise.
+# Time is split in proportion to kernel counts.
+RMSNORM_FWD_SPLIT = (("elementwise", 5 / 6), ("norm_reduction", 1 / 6))
+RMSNORM_BWD_SPLIT = (("elementwise", 8 / 10), ("norm_reduction", 2 / 10))
+FP8_QUANT_SPLIT = (("elementwise", 7 / 8), ("norm_reduction", 1 / 8))
+COMPOSITE_SPLITS = {"rmsnorm_fwd": RMSNORM_FWD_SPLIT, "rmsnorm_bwd": RMSNORM_BWD_SPLIT, "fp8_quant": FP8_QUANT_SPLIT}
 ROPE_FWD_KERNELS = 5  # per tensor: mul cos, neg, cat, mul sin, add
 ROPE_BWD_KERNELS = 5
 SWIGLU_FWD_KERNELS = 2  # silu, mul
@@ -156,6 +163,7 @@ class LayerBuilder:
         # tokens in the norm/residual regions: a 1/tp slice of the sequence under sequence parallelism
         self.Tn = self.T // split.tp if split.sequence_parallel and split.tp > 1 else self.T
         self._after: int | None = None  # a collective the next op waits for
+        self._before_wgrad: int | None = None  # a collective the next weight-gradient GEMM waits for
         self.dt = Dtypes.of(plan)
         h, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
         self.attn_in = [Projection("q_proj", q, h), Projection("k_proj", kv, h), Projection("v_proj", kv, h)]
@@ -183,6 +191,9 @@ class LayerBuilder:
         if self._after is not None:
             op.deps = op.deps + (self._after,)
             self._after = None
+        if self._before_wgrad is not None and op.name.endswith(".wgrad"):
+            op.deps = op.deps + (self._before_wgrad,)
+            self._before_wgrad = None
         self.t.create(op, creates or {})
         self.t.free(op, frees or [])
         op.hbm_transient = transient
@@ -193,7 +204,7 @@ class LayerBuilder:
     def mem(self, name: str, variant: str, nbytes: float, kernels: int, category: str,
             creates=None, frees=None, transient: float = 0.0) -> Op:
         op = Op(name=name, category=category, kind=K.MEMBOUND, resource="gpu", bytes=nbytes,
-                variant=variant, kernels=kernels)
+                variant=variant, kernels=kernels, split=COMPOSITE_SPLITS.get(variant.split(":")[0]))
         return self._emit(op, creates, frees, transient)
 
     def gemm(self, name: str, m: int, n: int, k: int, dtype: str, creates=None, frees=None,
@@ -210,11 +221,16 @@ class LayerBuilder:
         self._after = len(self.ops) - 1
         return op
 
-    def tp_gather(self, name: str, tensor_bytes: float, out: str) -> str | None:
-        """Sequence parallelism: all-gather a seq/tp-sharded tensor into `out` (full bytes given)."""
+    def tp_gather(self, name: str, tensor_bytes: float, out: str, for_wgrad: bool = False) -> str | None:
+        """Sequence parallelism: all-gather a seq/tp-sharded tensor into `out` (full bytes given).
+
+        for_wgrad: backward's re-gather of a GEMM input, which Megatron overlaps with the
+        dgrad GEMM: only the first weight-gradient GEMM after it waits for it."""
         if self.Tn == self.T:
             return None
         self.collective(name, "all_gather", tensor_bytes, "tp", creates={out: tensor_bytes})
+        if for_wgrad:
+            self._after, self._before_wgrad = None, len(self.ops) - 1
         return out
 
     def tp_reduce(self, name: str, tensor: str, tensor_bytes: float) -> str:
@@ -412,7 +428,7 @@ class LayerBuilder:
         grads_in = {f"g_{n}": ff for n in ("gate", "up")[: len(self.mlp_in)]}
         self.mem("swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, "elementwise", creates=grads_in,
                  frees=["g_prod", *[n for n in ("gate", "up", "act", "prod") if n in self.t.live]])
-        regathered = self.tp_gather("n2.all_gather.bwd", T * h * self.dt.residual, "n2.g")  # for the wgrads
+        regathered = self.tp_gather("n2.all_gather.bwd", T * h * self.dt.residual, "n2.g", for_wgrad=True)
         if m.moe is not None:
             self.ep_all_to_all("moe_dispatch.bwd.all_to_all", self.mlp_tokens * h * act)
         self._input_grads(self.mlp_in, list(grads_in), kept, "g_n2",
@@ -441,7 +457,7 @@ class LayerBuilder:
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
         self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, "elementwise",
                  creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
-        regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g")
+        regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g", for_wgrad=True)
         self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1",
                           extra_free=["n1.out"] + ([regathered] if regathered else []))
         g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
