@@ -19,7 +19,7 @@ step time of one rank per stage is the step time of the job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
@@ -223,7 +223,8 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     # --- memory of each stage ------------------------------------------------------------------
     stage_mem = [_stage_memory(model, plan, layout, d, runs, kind_of, per_chunk) for d in range(pp)]
     worst = max(range(pp), key=lambda d: stage_mem[d][0].peak_bytes)
-    hbm, host = stage_mem[worst]
+    # the memory curves follow the kernel-level replay, not the pipeline timeline: not drawn
+    hbm, host = (replace(peak, curve=None) for peak in stage_mem[worst])
     problems = []
     if hbm.peak_bytes > hw.hbm.capacity_bytes:
         top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
@@ -314,6 +315,8 @@ def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: fl
             waited = [k for k in g.deps[i] if abs(sched.end[k] - s) < 1e-12]
             key = "communication" if any(pipe.segment[k] == "comm" for k in waited) else "pipeline_bubble"
             out[key] += s - cursor
+            if key == "communication":  # NCCL kernels run while the compute stream waits
+                kernel += s - cursor
         seg = _segment_of(pipe, i, runs, kind_of, pp)
         if seg is not None and seg.seconds > 0:
             for k, t in seg.breakdown.items():
@@ -326,7 +329,8 @@ def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: fl
     if step_time > cursor:  # the step ends on this stage's data-parallel link, or on another stage
         ends_here = abs(last_end - step_time) < 1e-12
         out["communication" if ends_here else "pipeline_bubble"] += step_time - cursor
-    kernel += out["communication"]
+        if ends_here:
+            kernel += step_time - cursor
     out = {k: float(t) for k, t in out.items()}
     return {"breakdown": out, "busy_s": float(busy), "utilization": min(1.0, kernel / step_time) if step_time else 0.0}
 

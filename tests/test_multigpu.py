@@ -168,6 +168,7 @@ def test_zero_with_one_gpu_is_a_documented_no_op(cal):
     base = run(cal, gpus=1, seq=1024)
     z = run(cal, gpus=1, seq=1024, zero=2)
     assert z.step_time_s == base.step_time_s and z.hbm.peak_bytes == base.hbm.peak_bytes
+    assert any("no saving" in n for n in z.notes)
     tp_only = run(cal, gpus=2, tp=2, seq=1024, zero=3)
     assert any("no saving" in n for n in tp_only.notes)
 
