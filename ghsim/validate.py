@@ -108,11 +108,22 @@ def find_cases(root: Path) -> list[Path]:
 
 
 def measured_kernel_shares(trace: Path) -> tuple[dict[str, float], float | None]:
-    """Kernel time share by category, and the busy fraction, from the case's own trace."""
+    """Kernel time share by category, and kernel-busy seconds per step, from the case's own trace."""
     from ghsim.traces import load_trace, summarize
 
-    s = summarize(load_trace(trace), steps="all")  # the profiled steps, as the harness measured them
-    return dict(s.kernel_share_by_category), s.gpu_busy_fraction
+    s = summarize(load_trace(trace), steps="all")  # the profiled steps
+    busy_per_step = None
+    if s.gpu_busy_fraction is not None and s.window_s and s.step_times_s:
+        busy_per_step = s.gpu_busy_fraction * s.window_s / len(s.step_times_s)
+    return dict(s.kernel_share_by_category), busy_per_step
+
+
+COMPUTE_CATEGORIES = tuple(c for c in KERNEL_CATEGORIES if c != "communication")
+
+
+def _compute_shares(times: dict[str, float]) -> dict[str, float]:
+    total = sum(times.get(c, 0.0) for c in COMPUTE_CATEGORIES)
+    return {c: (times.get(c, 0.0) / total if total > 0 else 0.0) for c in COMPUTE_CATEGORIES}
 
 
 def case_hardware(case: Case):
@@ -154,13 +165,26 @@ def run_case(case: Case, with_trace: bool = True) -> CaseResult:
     if "gpu_utilization" in measured:
         errors["utilization_abs"] = report.gpu_utilization - measured["gpu_utilization"]
     if with_trace and case.trace is not None:
-        shares, _ = measured_kernel_shares(case.trace)
-        kernel_time = sum(report.time_breakdown_s[c] for c in KERNEL_CATEGORIES)
-        pred_shares = {c: report.time_breakdown_s[c] / kernel_time for c in KERNEL_CATEGORIES}
-        for c in KERNEL_CATEGORIES:
-            measured[f"share_{c}"] = shares.get(c, 0.0)
+        shares, busy_per_step = measured_kernel_shares(case.trace)
+        if busy_per_step is not None:
+            # The profiler slows the host, so profiled steps of a launch-bound run are
+            # longer than timed ones while its kernels are not: utilization is the
+            # kernel-busy time of a profiled step over the (unprofiled) timed step.
+            measured["gpu_utilization_profiled"] = measured.get("gpu_utilization", 0.0)
+            measured["gpu_utilization"] = min(1.0, busy_per_step / measured["step_time_s"])
+            errors["utilization_abs"] = report.gpu_utilization - measured["gpu_utilization"]
+        # Shares over compute kernels only: an NCCL kernel's duration in a trace includes
+        # the time it spins waiting for its peers, which is not link time, so
+        # communication is reported beside the shares rather than inside them.
+        measured["communication_kernel_share"] = shares.get("communication", 0.0)
+        predicted["communication_kernel_share"] = report.time_breakdown_s.get("communication", 0.0) / max(
+            sum(report.time_breakdown_s[c] for c in KERNEL_CATEGORIES), 1e-30)
+        pred_shares = _compute_shares({c: report.time_breakdown_s[c] for c in KERNEL_CATEGORIES})
+        meas_shares = _compute_shares(shares)
+        for c in COMPUTE_CATEGORIES:
+            measured[f"share_{c}"] = meas_shares[c]
             predicted[f"share_{c}"] = pred_shares[c]
-        errors["kernel_share_abs"] = max(abs(pred_shares[c] - shares.get(c, 0.0)) for c in KERNEL_CATEGORIES)
+        errors["kernel_share_abs"] = max(abs(pred_shares[c] - meas_shares[c]) for c in COMPUTE_CATEGORIES)
     failed = [k for k, v in errors.items() if abs(v) > case.tolerance.get(k, float("inf"))]
     return CaseResult(case, "fail" if failed else "ok", "", measured, predicted, errors, failed)
 
