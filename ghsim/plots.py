@@ -16,6 +16,17 @@ CATEGORY_COLORS = {
 }
 
 
+def save(fig, path: str) -> None:
+    """Write a figure as PNG and release it; an unwritable path is a one-line error."""
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise GhsimError(f"{path}: cannot write: {e}") from None
+    finally:
+        plt.close(fig)
+
+
 def plot_step(report: StepReport, path: str) -> None:
     """Timeline (one row per resource, coloured by category) above HBM allocated over time."""
     tl = report.timeline
@@ -46,13 +57,7 @@ def plot_step(report: StepReport, path: str) -> None:
     ax_m.set_ylabel("GiB")
     ax_m.set_xlabel("time in step (ms); memory drawn at issue time")
     ax_m.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise GhsimError(f"{path}: cannot write: {e}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
 
 
 def plot_validation(results, path: str) -> None:
@@ -76,10 +81,4 @@ def plot_validation(results, path: str) -> None:
         ax.set_title(key.replace("_", " "))
         ax.legend(fontsize=8)
     fig.suptitle("ghsim vs measured cases (red: outside tolerance)")
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise GhsimError(f"{path}: cannot write: {e}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
