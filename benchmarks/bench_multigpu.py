@@ -53,6 +53,23 @@ def speed(cal) -> list[tuple[str, float, object]]:
     return out
 
 
+def measured_cases() -> list[str]:
+    """Markdown rows of the 2x H200 cases and their single-GPU baselines (ghsim.validate)."""
+    from ghsim.validate import validate
+
+    root = PUBLISHED.parent / "cases"
+    wanted = ("h200x2-", "h200-llama1b-bf16-mb4-s2048", "h200-llama3b-bf16-mb2-s4096")
+    out = []
+    for r in validate(root, with_trace=False):
+        if not r.case.name.startswith(wanted) or r.status == "skipped":
+            continue
+        m, p = r.measured, r.predicted
+        out.append(f"| {r.case.name} | {m['step_time_s'] * 1e3:.1f} ms | {p['step_time_s'] * 1e3:.1f} ms | "
+                   f"{p['step_time_s'] / m['step_time_s'] - 1:+.1%} | {m['peak_memory_bytes'] / 1e9:.1f} GB | "
+                   f"{p['peak_memory_bytes'] / 1e9:.1f} GB | {p['peak_memory_bytes'] / m['peak_memory_bytes'] - 1:+.1%} |")
+    return out
+
+
 def results_markdown(rows: list[Row], timings: list[tuple[str, float, object]]) -> str:
     s = summary(rows)
     lines = [
@@ -108,6 +125,15 @@ def results_markdown(rows: list[Row], timings: list[tuple[str, float, object]]) 
               "  than ZeRO-1. ghsim's 2-GPU FSDP ZeRO-2/3 cases (validation/cases/h200x2-*) are within",
               "  8-15%, so the gap is DeepSpeed's engine overhead, which ghsim does not model.",
               "",
+              "## Our 2-GPU H200 measurements (validation/cases/h200x2-*)", "",
+              "The NVLink figures of the h200-sxm and h100-sxm profiles come from the 2x H200 NCCL sweep",
+              "(validation/microbench/h200-x2-nccl.json). The cases (DDP, FSDP ZeRO-2/3) as `ghsim validate`",
+              "reports them; the single-GPU H200 cases of the same models are listed for the baseline.", "",
+              "| case | measured step | predicted | error | measured peak | predicted | error |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in measured_cases():
+        lines.append(c)
+    lines += ["",
               "## Simulator speed (this machine)", "",
               "| case | simulate() median | step | MFU |", "| --- | ---: | ---: | ---: |"]
     for label, t, report in timings:
