@@ -65,7 +65,7 @@ class Layout:
     def of(plan: Plan, hw: Hardware) -> "Layout":
         per_node = plan.gpus_per_node or min(hw.gpus_per_node, plan.gpus)
         return Layout(plan.gpus, plan.tp, plan.pp, plan.dp, plan.ep, min(per_node, plan.gpus),
-                      getattr(plan, "pp_interleave", 1), getattr(plan, "sequence_parallel", False))
+                      plan.pp_interleave, plan.sequence_parallel)
 
     @property
     def nodes(self) -> int:
@@ -96,7 +96,7 @@ class Layout:
 def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     """Multi-GPU plan choices the model or the hardware cannot honour: one clear line each."""
     tp, pp, ep = plan.tp, plan.pp, plan.ep
-    v = getattr(plan, "pp_interleave", 1)
+    v = plan.pp_interleave
     if plan.gpus_per_node > hw.gpus_per_node:
         raise GhsimError(f"--gpus-per-node {plan.gpus_per_node} exceeds the {hw.gpus_per_node} GPU(s) "
                          f"a {hw.name} node has")
@@ -125,7 +125,7 @@ def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     if plan.offload - {"optimizer", "grads"} or plan.unified_memory:
         raise GhsimError("with more than one GPU only --offload optimizer is simulated (parameter and activation "
                          "offload and unified memory are single-GPU for now)")
-    if getattr(plan, "sequence_parallel", False) and (plan.micro_batch * plan.seq) % tp:
+    if plan.sequence_parallel and (plan.micro_batch * plan.seq) % tp:
         raise GhsimError(f"sequence parallelism needs tokens per micro-batch divisible by --tp {tp}")
 
 
@@ -340,6 +340,10 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     split = layout.split()
     dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
     fwd, bwd, cache_bytes, _saved = _layer_templates(local, plan, split)
+    # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
+    # weights are gathered per layer and their copies go with the gathered buffer
+    zero3_cache = cache_bytes if (plan.zero >= 3 and layout.dp > 1) else 0.0
+    cache_bytes -= zero3_cache
     loss_fwd, loss_bwd = _loss_ops(local, plan) if chunk.last else ([], [])
     emb_fwd = [_embedding_fwd(local, plan)] if chunk.first else []
     emb_bwd = _embedding_bwd(local, plan) if chunk.first else []
@@ -393,7 +397,10 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         gathers[layer] = rg.g.add(op)
 
     def zero3_release(phase: str) -> None:
-        rg.g.add(_marker("zero3.release", phase).change_hbm("gathered_params", -cp.layer_bytes))
+        op = _marker("zero3.release", phase).change_hbm("gathered_params", -cp.layer_bytes)
+        if zero3_cache and phase == "fwd":
+            op.change_hbm("weight_copies", -zero3_cache)
+        rg.g.add(op)
 
     layer_ends: list[int] = []
     for layer in range(L):
