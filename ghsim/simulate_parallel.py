@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
@@ -82,8 +84,10 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     resources = level1_resources(hw)
     index = {r.name: i for i, r in enumerate(resources)}
     issue = {id(o): (cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0) for o in g.ops}
-    sched = engine.run(resources, [index[o.resource] for o in g.ops], [o.duration for o in g.ops], g.deps,
-                       [issue[id(o)] for o in g.ops], [o.host_waits for o in g.ops])
+    gap = {id(o): cost.kernel_gap(o, plan.cuda_graphs) for o in g.ops}  # idle stream before each op's kernels
+    lead_gap = np.fromiter((gap[id(o)] for o in g.ops), float, len(g.ops))
+    sched = engine.run(resources, [index[o.resource] for o in g.ops], [o.duration + gap[id(o)] for o in g.ops],
+                       g.deps, [issue[id(o)] for o in g.ops], [o.host_waits for o in g.ops])
     ops, end = g.ops, sched.end
     compute = [i for i, o in enumerate(ops) if o.resource not in NOT_COMPUTE]
     t_fwd = max((end[i] for i in compute if i <= mb.fwd_last), default=0.0)
@@ -94,7 +98,7 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     t_opt = max(t_opt, t_bwd, t_dp)
     makespan = max(sched.makespan, t_opt)
     times = {"t_fwd": t_fwd, "t_bwd": t_bwd, "t_dp": t_dp, "t_opt": t_opt, "makespan": makespan}
-    tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch)
+    tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch, lead_gap)
     segments = {
         "fwd": window(tl, 0.0, t_fwd),
         "bwd": window(tl, t_fwd, t_bwd),
@@ -107,21 +111,31 @@ def window(tl: Timeline, a: float, b: float) -> Segment:
     """Where the compute stream's time in [a, b) went (kernels by category, and what it waited for)."""
     ops, sched = tl.ops, tl.schedule
     start, end = sched.start, sched.end
+    lead = tl.lead_gap if tl.lead_gap is not None else np.zeros(len(ops))
     out: dict[str, float] = {}
     cursor = a
     intervals = []
     for i, op in enumerate(ops):
+        body = start[i] + lead[i]  # kernels run after their launch gap; the gap is idle
         s, e = max(start[i], a), min(end[i], b)
-        if op.category in KERNEL_CATEGORIES and e > s:
-            intervals.append((s, e))
+        if op.category in KERNEL_CATEGORIES and e > max(body, a):
+            intervals.append((max(body, a), e))
         if op.resource != "gpu" or end[i] <= a or start[i] >= b:
             continue
         if s > cursor:
             key = _waited_for(i, tl)
             out[key] = out.get(key, 0.0) + s - cursor
         if e > s:
-            cat = op.category if op.category in KERNEL_CATEGORIES else ("memcpy" if op.category == COPY else "other")
-            out[cat] = out.get(cat, 0.0) + e - max(s, cursor)
+            s = max(s, cursor)
+            idle = max(0.0, min(body, e) - s)
+            if idle:
+                out["wait_kernel_gaps"] = out.get("wait_kernel_gaps", 0.0) + idle
+            if op.category in KERNEL_CATEGORIES:  # composite ops split over the categories of their kernels
+                for cat, share in op.split or ((op.category, 1.0),):
+                    out[cat] = out.get(cat, 0.0) + (e - s - idle) * share
+            else:
+                cat = "memcpy" if op.category == COPY else "other"
+                out[cat] = out.get(cat, 0.0) + e - s - idle
             cursor = max(cursor, e)
     if b > cursor:  # the window ends on another stream: a collective, a copy or the CPU
         last = [i for i, op in enumerate(ops) if op.resource not in ("gpu", "mem") and a < end[i] <= b + 1e-12]
@@ -307,7 +321,7 @@ def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: fl
     g, sched = pipe.graph, pipe.schedule
     out: dict[str, float] = {c: 0.0 for c in KERNEL_CATEGORIES}
     out.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0, "wait_host_launch": 0.0,
-                "wait_other": 0.0, "pipeline_bubble": 0.0})
+                "wait_other": 0.0, "wait_kernel_gaps": 0.0, "um_migration": 0.0, "pipeline_bubble": 0.0})
     cursor, busy, kernel = 0.0, 0.0, 0.0
     for i in gpu_ops:
         s, e = sched.start[i], sched.end[i]
