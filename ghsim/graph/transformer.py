@@ -36,6 +36,17 @@ from ghsim.plan import Framework, Plan, Precision, Recompute
 # (validation/harness/model.py): they set the host's launch cost.
 RMSNORM_FWD_KERNELS = 6  # pow, mean, add eps, rsqrt, mul, mul weight
 RMSNORM_BWD_KERNELS = 10  # mul/sum for the weight, rsqrt/mean/pow backward, accumulation
+# cuDNN SDPA backward (PyTorch's default on Hopper) launches compute_dot_do_o, the
+# bprop kernel and convert_dq_to_16bits, plus fmha_reduce_head for dK and dV under GQA
+# (kernel names in PyTorch 2.11 profiler traces of validation/cases).
+SDPA_BWD_KERNELS = 3
+SDPA_BWD_GQA_REDUCE_KERNELS = 2
+
+
+def sdpa_backward_kernels(heads: int, kv_heads: int) -> int:
+    return SDPA_BWD_KERNELS + (SDPA_BWD_GQA_REDUCE_KERNELS if kv_heads != heads else 0)
+
+
 # How a profiler files those kernels (ghsim.traces.categories): the reductions (mean;
 # the two sums of the backward; amax) as norm_reduction, the rest as elementwise.
 # Time is split in proportion to kernel counts.
@@ -452,6 +463,7 @@ class LayerBuilder:
             self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act)
             self.ops[-1].phase = "recompute"
         bwd = Op(name="flash_attn.bwd", category="attention", kind=K.ATTN_BWD, resource="gpu", dtype=self.attn_dtype,
+                 kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
                  flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
         self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
