@@ -100,7 +100,7 @@ def memory_tag(tensor: str) -> str:
         return "weight_copies"
     if tensor.startswith(("logits", "lsm", "g_logits")):
         return "logits"
-    if tensor.startswith("g"):
+    if tensor == "g" or tensor.startswith(("g_", "g.")):  # gradients; "gate" is an activation
         return "activation_grads"
     return "activations"
 
