@@ -10,7 +10,6 @@ import sys
 import click
 
 from ghsim.errors import GhsimError
-from ghsim.traces import load_trace, summarize
 
 
 @click.group()
@@ -29,6 +28,8 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
                   as_json: bool) -> None:
     """Where the GPU time goes in FILE: an nsys SQLite export, an `nsys stats`
     CSV, or a PyTorch profiler trace (.json / .json.gz)."""
+    from ghsim.traces import load_trace, summarize  # pandas: loaded only when a trace is read
+
     if steps and nvtx:
         raise GhsimError("use --steps or --nvtx, not both")
     summary = summarize(load_trace(file), steps=steps, nvtx=nvtx, device=device, top=top)
