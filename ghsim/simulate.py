@@ -48,11 +48,16 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
 
 
 def model_flops(model: ModelSpec, plan: Plan) -> float:
-    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention."""
+    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention.
+
+    With LoRA the frozen weights need no weight gradients: 4 per parameter per
+    token (forward and input gradients), and the adapters are negligible.
+    """
     tokens = plan.tokens_per_step
     matmul_params = model.active_params_per_token - model.embedding_params  # the embedding is a lookup
     attn = 12 * model.num_layers * plan.seq * model.q_dim / 2  # causal: half of QK^T and PV, x3 for bwd
-    return tokens * (6 * matmul_params + attn)
+    per_param = 4 if plan.lora_rank else 6
+    return tokens * (per_param * matmul_params + attn)
 
 
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
@@ -108,7 +113,9 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()
     notes = [f"precision semantics: {plan.framework.value}"
-             + (" (fp32 params, autocast casts weights and inputs per op)" if plan.framework.value == "torch-amp"
+             + (" (frozen base weights in 16 bits, fp32 adapters under autocast)" if plan.lora_rank and
+                plan.precision.is_mixed else
+                " (fp32 params, autocast casts weights and inputs per op)" if plan.framework.value == "torch-amp"
                 and plan.precision.is_mixed else ""),
              f"MFU is relative to the {peak_dtype} dense peak"]
     if plan.zero:  # accepted, as DeepSpeed accepts it: sharding over one rank changes nothing
