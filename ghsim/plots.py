@@ -27,37 +27,54 @@ def save(fig, path: str) -> None:
         plt.close(fig)
 
 
+PHASE_SHADES = {"fwd": "#e8f0fb", "bwd": "#fbeee8", "recompute": "#fbeee8", "opt": "#fbe8ea"}
+
+
 def plot_step(report: StepReport, path: str) -> None:
-    """Timeline (one row per resource, coloured by category) above HBM allocated over time."""
+    """Timeline (a row per busy resource, coloured by category, phases shaded) above memory over time."""
     tl = report.timeline
     if tl is None:
         raise GhsimError("this report kept no timeline to plot")
-    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(12, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    rows = {name: i for i, name in enumerate(tl.resources)}
-    by_cat: dict[str, list[tuple[float, float, int]]] = {}
+    start, end = tl.schedule.start * 1e3, tl.schedule.end * 1e3
+    used = [r for r in tl.resources if any(op.resource == r and end[i] > start[i] for i, op in enumerate(tl.ops))]
+    rows = {name: i for i, name in enumerate(used)}
+    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(12, 2.5 + 0.6 * len(rows) + 2), sharex=True,
+                                     gridspec_kw={"height_ratios": [max(len(rows), 2), 2]})
+    _shade_phases(ax_t, tl, start, end)
+    by_cat: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for i, op in enumerate(tl.ops):
-        d = tl.schedule.end[i] - tl.schedule.start[i]
-        if d > 0:
-            by_cat.setdefault(op.category, []).append((tl.schedule.start[i] * 1e3, d * 1e3, rows[op.resource]))
-    for cat, spans in by_cat.items():
-        for row in set(s[2] for s in spans):
-            bars = [(s, d) for s, d, r in spans if r == row]
-            ax_t.broken_barh(bars, (row - 0.4, 0.8), color=CATEGORY_COLORS.get(cat, "#333333"), label=cat)
+        if end[i] > start[i] and op.resource in rows:
+            by_cat.setdefault((op.category, rows[op.resource]), []).append((start[i], end[i] - start[i]))
+    # long categories first, so short kernels (norms, casts) stay visible on top of them
+    for (cat, row), bars in sorted(by_cat.items(), key=lambda kv: -sum(d for _, d in kv[1])):
+        ax_t.broken_barh(bars, (row - 0.4, 0.8), color=CATEGORY_COLORS.get(cat, "#333333"), label=cat)
     handles, labels = ax_t.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax_t.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8, ncol=4)
+    ax_t.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8, ncol=5)
     ax_t.set_yticks(range(len(rows)), list(rows))
+    ax_t.set_ylim(-0.6, len(rows) - 0.4 + 0.8)
     ax_t.set_title(f"{report.model['name']} on {report.hardware['name']}: step {report.step_time_s * 1e3:.1f} ms, "
-                   f"GPU busy {report.gpu_utilization * 100:.0f}%")
-    if report.hbm.curve is not None:
-        ax_m.plot(tl.schedule.issue * 1e3, report.hbm.curve / GiB, lw=1, label="HBM allocated")
+                   f"GPU busy {report.gpu_utilization * 100:.0f}%  (shaded: forward, backward, optimizer)")
+    if report.hbm.curve is not None:  # allocations happen in issue order; draw them where each op runs
+        ax_m.step(start, report.hbm.curve / GiB, where="post", lw=1, label="HBM allocated")
         ax_m.axhline(report.hbm_capacity / GiB, color="red", ls="--", lw=1, label="HBM capacity")
     if report.host.curve is not None and report.host.peak_bytes > 0:
-        ax_m.plot(tl.schedule.issue * 1e3, report.host.curve / GiB, lw=1, label="host allocated")
+        ax_m.step(start, report.host.curve / GiB, where="post", lw=1, label="host allocated")
     ax_m.set_ylabel("GiB")
-    ax_m.set_xlabel("time in step (ms); memory drawn at issue time")
-    ax_m.legend(fontsize=8)
+    ax_m.set_xlabel("time in step (ms)")
+    ax_m.legend(fontsize=8, loc="lower right")
     save(fig, path)
+
+
+def _shade_phases(ax, tl, start, end) -> None:
+    """Background spans of the step's phases on the compute stream."""
+    spans: dict[str, list[float]] = {}
+    for i, op in enumerate(tl.ops):
+        if op.resource == "gpu" and op.phase in PHASE_SHADES and end[i] > start[i]:
+            span = spans.setdefault(op.phase if op.phase != "recompute" else "bwd", [start[i], end[i]])
+            span[0], span[1] = min(span[0], start[i]), max(span[1], end[i])
+    for phase, (a, b) in spans.items():
+        ax.axvspan(a, b, color=PHASE_SHADES[phase], zorder=0)
 
 
 def plot_validation(results, path: str) -> None:
