@@ -55,11 +55,15 @@ def plot_step(report: StepReport, path: str) -> None:
     ax_t.set_ylim(-0.6, len(rows) - 0.4 + 0.8)
     ax_t.set_title(f"{report.model['name']} on {report.hardware['name']}: step {report.step_time_s * 1e3:.1f} ms, "
                    f"GPU busy {report.gpu_utilization * 100:.0f}%  (shaded: forward, backward, optimizer)")
-    if report.hbm.curve is not None:  # allocations happen in issue order; draw them where each op runs
+    if report.hbm.curve is not None and len(report.hbm.curve) == len(tl.ops):
+        # allocations happen in issue order; draw them where each op runs
         ax_m.step(start, report.hbm.curve / GiB, where="post", lw=1, label="HBM allocated")
-        ax_m.axhline(report.hbm_capacity / GiB, color="red", ls="--", lw=1, label="HBM capacity")
-    if report.host.curve is not None and report.host.peak_bytes > 0:
-        ax_m.step(start, report.host.curve / GiB, where="post", lw=1, label="host allocated")
+        if report.host.curve is not None and report.host.peak_bytes > 0:
+            ax_m.step(start, report.host.curve / GiB, where="post", lw=1, label="host allocated")
+    else:  # a pipeline-level timeline has no per-op memory: show the peak
+        ax_m.axhline(report.hbm.peak_bytes / GiB, lw=1, label="HBM peak (per GPU)")
+    ax_m.axhline(report.hbm_capacity / GiB, color="red", ls="--", lw=1, label="HBM capacity")
+    ax_m.set_ylim(bottom=0)
     ax_m.set_ylabel("GiB")
     ax_m.set_xlabel("time in step (ms)")
     ax_m.legend(fontsize=8, loc="lower right")
