@@ -29,12 +29,17 @@ def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, A
     if not isinstance(zero, dict):
         raise GhsimError(f"{where}: 'zero_optimization' must be an object")
     stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise GhsimError(f"{where}: zero_optimization.stage must be 0-3, got {stage!r}")
     out["zero"] = stage
     offload = []
     for key, target in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
         section = zero.get(key)
+        if section is not None and not isinstance(section, dict):
+            raise GhsimError(f"{where}: zero_optimization.{key} must be an object, got {section!r}")
+        device = section.get("device", "none") if isinstance(section, dict) else "none"
+        if device not in ("cpu", "nvme", "none", None):
+            raise GhsimError(f"{where}: zero_optimization.{key}.device must be cpu, nvme or none, got {device!r}")
         if isinstance(section, dict) and section.get("device", "none") in ("cpu", "nvme"):
             offload.append(target)
             if section.get("device") == "nvme":
@@ -55,10 +60,17 @@ def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, A
         out["offload_pinned"] = all(bool(sec.get("pin_memory", False)) for sec in sections
                                     if isinstance(sec, dict) and sec.get("device") == "cpu")
     out["offload"] = offload
+    enabled = []
     for key, prec in (("bf16", "bf16"), ("fp16", "fp16")):
         section = ds.get(key)
-        if isinstance(section, dict) and section.get("enabled", False):
+        if section is not None and not isinstance(section, dict):
+            raise GhsimError(f"{where}: '{key}' must be an object like {{\"enabled\": true}}, got {section!r}")
+        if isinstance(section, dict) and section.get("enabled", False) not in (False, None):
+            # "auto" (the Hugging Face integration) follows the trainer's flag: read as enabled
             out["precision"] = prec
+            enabled.append(key)
+    if len(enabled) > 1:
+        raise GhsimError(f"{where}: bf16 and fp16 cannot both be enabled")
     if "precision" not in out:
         out["precision"] = "fp32"
     mb = _int(ds, "train_micro_batch_size_per_gpu", where)
@@ -67,9 +79,15 @@ def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, A
     gb = _int(ds, "train_batch_size", where)
     ga = _int(ds, "gradient_accumulation_steps", where)
     if gb:
+        # DeepSpeed requires train_batch_size = micro-batch x accumulation x data-parallel ranks
+        if mb and ga and gb % (mb * ga):
+            raise GhsimError(f"{where}: train_batch_size {gb} is not train_micro_batch_size_per_gpu {mb} x "
+                             f"gradient_accumulation_steps {ga} x ranks")
         out["global_batch"] = gb
     elif ga and mb and gpus:
         out["global_batch"] = ga * mb * gpus
+    elif ga:
+        out["grad_accum"] = ga  # resolved against the plan's data-parallel ranks
     ac = ds.get("activation_checkpointing", {})
     if isinstance(ac, dict) and ac.get("partition_activations") is not None:
         out["recompute"] = "full"

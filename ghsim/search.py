@@ -27,11 +27,13 @@ from ghsim.errors import GhsimError
 from ghsim.hardware import Hardware
 from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan
-from ghsim.search_screen import Evaluation, Status, evaluate
+from ghsim.plan import Plan, Recompute
+from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate
 from ghsim.search_space import Group, SearchSpace, groups
+from ghsim.simulate import check_fit_to_model
 
-SCREEN_TOLERANCE = 0.02  # screened times are within 1% (tests); confirm anything this close to the best
+BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
+SCREEN_TOLERANCE = 0.01  # screened times lie within 1% of the full simulation (tests/test_search_screen.py)
 
 
 class Objective(str, Enum):
@@ -60,6 +62,7 @@ class PrunedGroup:
 class SearchResult:
     model: ModelSpec
     hardware: Hardware
+    base: Plan  # what the user gave: gpus, seq, global batch, LoRA rank, software
     objective: Objective
     price_per_gpu_hour: float
     ranked: tuple[Evaluation, ...]  # feasible plans, best first
@@ -130,7 +133,7 @@ Progress = Callable[[int, int], None]  # (candidates judged so far, all candidat
 
 def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
            objective: Objective = Objective.TIME, calibration: Calibration | None = None,
-           price_per_gpu_hour: float | None = None, top: int = 10, jobs: int = 1,
+           price_per_gpu_hour: float | None = None, top: int = 5, jobs: int = 1,
            progress: Progress | None = None) -> SearchResult:
     """Search `space` around `base` (which holds gpus, seq, global batch, LoRA rank)."""
     t0 = time.perf_counter()
@@ -143,13 +146,78 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
     tick = _Ticker(progress, n_candidates)
 
     pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick)
+    survivors, rejected = _valid(model, hw, survivors, tick)
+    pruned_plans += rejected
     with _Runner(model, hw, cal, jobs) as runner:
-        screened = runner.evaluate([(p, e) for p, e in survivors], tick)
+        survivors, same = _collapse_ignored(runner, survivors, tick)
+        pruned_plans += same
+        screened = _screen_best_first(runner, survivors, objective, top, tick)
         final, n_full = _confirm(runner, screened, objective, price, hw, top)
     feasible = sorted((e for e in final if e.feasible), key=lambda e: score(e, objective, price, hw))
     tick.done()
-    return SearchResult(model, hw, objective, price, tuple(feasible), tuple(pruned_plans + final),
+    return SearchResult(model, hw, base, objective, price, tuple(feasible), tuple(pruned_plans + final),
                         tuple(pruned_groups), n_candidates, time.perf_counter() - t0, n_full)
+
+
+def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], objective: Objective, top: int,
+                       tick: "_Ticker") -> list[Evaluation]:
+    """Screen survivors in order of a lower bound on their score (branch and bound): once
+    `top` plans are known, a plan whose bound is worse than all of them cannot enter the
+    ranking and is not simulated.
+
+    Time (and cost, which is time times a constant here) is bounded by the compute kernels
+    of the plan's class (search_screen.compute_bound); the HBM peak by the memory estimate.
+    """
+    if objective == Objective.MEMORY:
+        bounds = [est.hbm_bytes / (1 + MARGIN) for _, est in survivors]
+        value = lambda e: e.hbm_peak_bytes  # noqa: E731
+        unit, scale = "GB", 1e-9
+    else:
+        classes = sorted({compute_class(p) for p, _ in survivors}, key=lambda c: c.flags())
+        if len(survivors) >= BOUND_WORTH * len(classes):  # a class bound costs two small simulations
+            class_bound = dict(zip(classes, runner.bounds(classes)))
+        else:
+            class_bound = {c: 0.0 for c in classes}
+        bounds = [class_bound[compute_class(p)] for p, _ in survivors]
+        value = lambda e: e.step_time_s  # noqa: E731
+        unit, scale = "s", 1.0
+    # within equal bounds, smaller memory first: a plan that does not fit rules out the bigger ones
+    order = sorted(range(len(survivors)), key=lambda i: (bounds[i], _memory_rank(survivors[i][0])))
+    no_fit = _NoFit()
+    wave = max(16, runner.jobs * 8)
+    out: list[Evaluation] = []
+    best: list[float] = []  # values of the feasible plans screened so far, ascending
+    i = 0
+    while i < len(order):
+        bar = best[top - 1] * (1 + SCREEN_TOLERANCE) if len(best) >= top else math.inf
+        if bounds[order[i]] > bar:  # sorted by bound: none of the rest can win either
+            for j in order[i:]:
+                p, est = survivors[j]
+                out.append(Evaluation(p, Status.BOUNDED, f"needs at least {bounds[j] * scale:.3g} {unit} of "
+                                      f"{'GPU compute' if unit == 's' else 'HBM'} > {bar * scale:.3g} {unit} "
+                                      f"of the top {top}", est.hbm_bytes if est else math.nan))
+            tick.add(len(order) - i)
+            break
+        batch = order[i:i + wave]
+        i += len(batch)
+        todo = []
+        for j in batch:
+            p, est = survivors[j]
+            bigger = no_fit.dominates(p)
+            if bigger:
+                out.append(Evaluation(p, Status.NO_FIT, f"needs at least the memory of {bigger}, which does not fit",
+                                      est.hbm_bytes if est else math.nan))
+                tick.add(1)
+            else:
+                todo.append(survivors[j])
+        # a time bar lets screening stop a plan after its first small simulations
+        evs = runner.evaluate(todo, tick, bar=bar if unit == "s" else math.inf)
+        out += evs
+        for e in evs:
+            if e.status == Status.NO_FIT:
+                no_fit.add(e.plan)
+        best = sorted(best + [value(e) for e in evs if e.feasible])
+    return out
 
 
 def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker"):
@@ -163,7 +231,8 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
         for um in g.unified_memory:
             base = g.base.with_(unified_memory=um)
             sub_size = g.size // len(g.unified_memory)
-            floor = estimate_memory(model, hw, base.with_(micro_batch=g.micro_batches[0]))
+            floor = estimate_memory(model, hw, base.with_(micro_batch=g.micro_batches[0],
+                                                          recompute=min(g.recomputes, key=_recompute_rank)))
             if not may_fit(replace(floor, hbm_bytes=floor.floor_bytes), hw, base):
                 reason = _why(floor, hw, base, floor=True)
                 pruned_groups.append(PrunedGroup(base, sub_size, reason))
@@ -193,35 +262,121 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
     return pruned_groups, survivors, pruned
 
 
+# Settings that only matter in some code paths of the simulator (e.g. the offload
+# split on one GPU but not yet on several), with the value their twin takes.
+PROBED = {"offload_ratio": 1.0, "offload_schedule": "auto"}
+
+
+def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick: "_Ticker"):
+    """Plans that differ from a twin only in a setting the simulator ignores for this search.
+
+    For each probed setting, one plan with another value and its twin are simulated;
+    bit-identical reports mean the simulator does not model the setting here (an
+    unmodelled field changes nothing; a modelled one cannot give the same floats), so
+    the other plans with it are not simulated again but reported as their twin.
+    """
+    plans = {p for p, _ in survivors}
+    same: list[Evaluation] = []
+    for field, default in PROBED.items():
+        if not hasattr(Plan, field):
+            continue
+        canon = lambda p: p.with_(**{field: type(getattr(p, field))(default)})  # noqa: E731
+        pair = next(((p, canon(p)) for p, _ in survivors if p != canon(p) and canon(p) in plans), None)
+        if pair is None:
+            continue
+        a, b = runner.evaluate([(pair[0], None), (pair[1], None)], None)
+        if (a.status, a.step_time_s, a.hbm_peak_bytes, a.host_peak_bytes) != \
+                (b.status, b.step_time_s, b.hbm_peak_bytes, b.host_peak_bytes) or a.status == Status.REJECTED:
+            continue
+        keep = []
+        for p, est in survivors:
+            twin = canon(p)
+            if p != twin and twin in plans:
+                same.append(Evaluation(p, Status.SAME, f"simulates as {twin.flags()} ({field} is not modelled "
+                                       f"for this plan)", est.hbm_bytes if est else math.nan))
+            else:
+                keep.append((p, est))
+        survivors = keep
+        plans = {p for p, _ in survivors}
+    tick.add(len(same))
+    return survivors, same
+
+
+_RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}  # activations kept: full <= selective <= none
+
+
+def _recompute_rank(rc: Recompute) -> int:
+    return _RECOMPUTE_MEMORY.get(rc.value, 0)
+
+
+def _memory_rank(p: Plan) -> tuple[int, int]:
+    return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0))
+
+
+class _NoFit:
+    """Plans that do not fit, so that the plans needing at least as much memory are not
+    simulated: a larger micro-batch, less recompute, or CUDA graphs on or off (same memory)."""
+
+    def __init__(self) -> None:
+        self.failed: dict[Plan, list[tuple[int, int]]] = {}
+
+    @staticmethod
+    def _key(p: Plan) -> Plan:
+        return p.with_(micro_batch=1, recompute=Recompute.FULL, cuda_graphs=False)
+
+    def add(self, p: Plan) -> None:
+        self.failed.setdefault(self._key(p), []).append(_memory_rank(p))
+
+    def dominates(self, p: Plan) -> str:
+        mb, rc = _memory_rank(p)
+        for fmb, frc in self.failed.get(self._key(p), ()):
+            if mb >= fmb and rc >= frc:
+                return f"micro-batch {fmb} with {[k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0]} recompute"
+        return ""
+
+
+def _valid(model: ModelSpec, hw: Hardware, survivors: list[tuple[Plan, Any]], tick: "_Ticker"):
+    """Plans the simulator refuses before any work (its own up-front checks), set apart."""
+    ok, rejected = [], []
+    for p, est in survivors:
+        try:
+            check_fit_to_model(model, hw, p)
+            ok.append((p, est))
+        except GhsimError as e:
+            rejected.append(Evaluation(p, Status.REJECTED, str(e), est.hbm_bytes if est else math.nan))
+    tick.add(len(rejected))
+    return ok, rejected
+
+
 def _why(est, hw: Hardware, plan: Plan, floor: bool = False) -> str:
-    if floor and not plan.unified_memory and est.floor_bytes > hw.hbm.capacity_bytes * (1 + MARGIN):
+    slack = 1 + MARGIN
+    if floor and not plan.unified_memory and est.floor_bytes > hw.hbm.capacity_bytes * slack:
         return est.explain_floor(hw.hbm.capacity_bytes)
+    if est.host_bytes > hw.host.capacity_bytes * slack:
+        return (f"needs {est.host_bytes / 1e9:.0f} GB of host memory per node for what it offloads "
+                f"> {hw.host.capacity_bytes / 1e9:.0f} GB")
     if plan.unified_memory:
         return (f"needs {est.hbm_bytes / 1e9:.0f} GB per GPU and {est.host_bytes / 1e9:.0f} GB host per node: "
                 f"more than HBM and host memory together")
-    if est.hbm_bytes > hw.hbm.capacity_bytes * (1 + MARGIN):
-        return est.explain(hw.hbm.capacity_bytes)
-    return f"needs {est.host_bytes / 1e9:.0f} GB host memory per node > {hw.host.capacity_bytes / 1e9:.0f} GB"
+    return est.explain(hw.hbm.capacity_bytes)
 
 
 def _confirm(runner: "_Runner", screened: list[Evaluation], objective: Objective, price: float, hw: Hardware,
              top: int) -> tuple[list[Evaluation], int]:
-    """Simulate in full the best `top` plans, and any screened plan that might still beat
-    the best confirmed one, until the ranking's head is exact."""
+    """Simulate the whole model for the best `top` plans, and for any screened plan whose
+    screened score still beats the best confirmed one, until the ranking's head is exact."""
     by_plan = {e.plan: e for e in screened}
-    n_full = sum(1 for e in screened if e.exact)
+    n_full = 0
     key = lambda e: score(e, objective, price, hw)  # noqa: E731
     while True:
         feasible = sorted((e for e in by_plan.values() if e.feasible), key=key)
-        head = feasible[:top]
-        todo = [e.plan for e in head if not e.exact]
+        todo = [e.plan for e in feasible[:top] if not e.exact]
         exact = [e for e in feasible if e.exact]
-        if exact and objective != Objective.MEMORY:
-            bar = key(exact[0])[0] * (1 + SCREEN_TOLERANCE)
-            todo += [e.plan for e in feasible[top:] if not e.exact and key(e)[0] < bar]
+        if exact:
+            todo += [e.plan for e in feasible[top:] if not e.exact and key(e) < key(exact[0])]
         if not todo:
             return list(by_plan.values()), n_full
-        for e in runner.evaluate([(p, None) for p in todo], None, exact=True):
+        for e in runner.evaluate([(p, None) for p in todo], None, level="confirm"):
             by_plan[e.plan] = replace(e, est_hbm_bytes=by_plan[e.plan].est_hbm_bytes)
             n_full += 1
 
@@ -248,9 +403,14 @@ def _init_worker(model: ModelSpec, hw: Hardware, cal: Calibration) -> None:
     _WORKER.update(model=model, hw=hw, cal=cal)
 
 
-def _evaluate_chunk(chunk: list[tuple[Plan, Any]], exact: bool) -> list[Evaluation]:
+def _evaluate_chunk(chunk: list[tuple[Plan, Any]], level: str, bar: float) -> list[Evaluation]:
     w = _WORKER
-    return [evaluate(w["model"], w["hw"], p, w["cal"], est, exact=exact) for p, est in chunk]
+    return [evaluate(w["model"], w["hw"], p, w["cal"], est, level, bar) for p, est in chunk]
+
+
+def _bound_chunk(chunk: list[Plan]) -> list[float]:
+    w = _WORKER
+    return [compute_bound(w["model"], w["hw"], p, w["cal"]) for p in chunk]
 
 
 class _Runner:
@@ -278,26 +438,34 @@ class _Runner:
                                             initializer=_init_worker, initargs=(self.model, self.hw, self.cal))
         return self.pool
 
-    def evaluate(self, items: list[tuple[Plan, Any]], tick: _Ticker | None, exact: bool = False) -> list[Evaluation]:
-        if not items:
-            return []
+    def evaluate(self, items: list[tuple[Plan, Any]], tick: _Ticker | None, level: str = "screen",
+                 bar: float = math.inf) -> list[Evaluation]:
         if self.jobs == 1 or len(items) < 4:
             out = []
             for p, est in items:
-                out.append(evaluate(self.model, self.hw, p, self.cal, est, exact=exact))
+                out.append(evaluate(self.model, self.hw, p, self.cal, est, level, bar))
                 if tick:
                     tick.add(1)
             return out
-        size = max(1, min(32, math.ceil(len(items) / (self.jobs * 8))))
+        return self._map(_evaluate_chunk, items, tick, level, bar)
+
+    def bounds(self, plans: list[Plan]) -> list[float]:
+        if self.jobs == 1 or len(plans) < 4:
+            return [compute_bound(self.model, self.hw, p, self.cal) for p in plans]
+        return self._map(_bound_chunk, plans, None)
+
+    def _map(self, fn: Callable, items: list, tick: _Ticker | None, *args: Any) -> list:
+        """fn over chunks of items in the pool, results in the items' order."""
+        size = max(1, min(32, math.ceil(len(items) / (self.jobs * 4))))
         chunks = [items[i:i + size] for i in range(0, len(items), size)]
         pool = self._get_pool()
-        futures = {pool.submit(_evaluate_chunk, c, exact): i for i, c in enumerate(chunks)}
-        results: list[list[Evaluation]] = [[] for _ in chunks]
+        futures = {pool.submit(fn, c, *args): i for i, c in enumerate(chunks)}
+        results: list[list] = [[] for _ in chunks]
         for f in as_completed(futures):
             results[futures[f]] = f.result()
             if tick:
                 tick.add(len(results[futures[f]]))
-        return [e for chunk in results for e in chunk]
+        return [x for chunk in results for x in chunk]
 
 
 def default_jobs() -> int:

@@ -1,0 +1,183 @@
+"""`ghsim plan` (search the plan space for one model and cluster) and `ghsim sweep` (many)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
+from ghsim.errors import GhsimError
+
+# plan fields the search varies: an explicit flag pins them
+_PINNABLE = ("zero", "precision", "recompute", "offload", "offload_ratio", "offload_schedule", "unified_memory",
+             "tp", "pp", "ep", "sequence_parallel", "pp_interleave", "micro_batch", "cuda_graphs")
+PLAN_FRAMEWORK = "deepspeed"  # ZeRO and offload plans are DeepSpeed's; --framework changes it
+PLAN_OPTIMIZER = "fused"
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, only when stderr is a terminal."""
+
+    def __init__(self, enabled: bool | None = None, label: str = "searching"):
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.label, self.last, self.t0 = label, 0.0, time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:4.0%} {done:,}/{total:,} plans {now - self.t0:5.1f} s")
+        if done >= total:
+            sys.stderr.write("\r" + " " * 90 + "\r")
+        sys.stderr.flush()
+
+
+def _calibration(path: str | None):
+    """A calibration from a microbenchmark JSON whose meta names its reference profile."""
+    if not path:
+        return None
+    from ghsim.cost.calibration import calibration_from_dict
+    from ghsim.hardware import load_hardware
+    from ghsim.tomlio import read_json
+
+    d = read_json(Path(path))
+    ref = d.get("meta", {}).get("reference_profile") if isinstance(d, dict) else None
+    if not ref:
+        raise GhsimError(f"{path}: meta.reference_profile is missing (the profile of the GPU it was measured on)")
+    return calibration_from_dict(d, load_hardware(ref), path)
+
+
+def base_and_pins(kw: dict[str, Any]):
+    """The given plan fields (gpus, seq, batch, LoRA, software), the pinned search dimensions,
+    and the user's own plan when a plan.toml or ds_config.json was given."""
+    from ghsim.plan import Framework, plan_from_dict
+    from ghsim.search_space import default_global_batch
+
+    baseline = None
+    if kw.get("plan_file") or kw.get("ds_file"):
+        baseline = plan_from_flags(kw)
+        given = baseline
+    else:
+        fields = {f: kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
+                  for flag, f in _FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}
+        given = plan_from_dict(fields, "plan")
+        if kw.get("framework") is None:
+            given = given.with_(framework=Framework(PLAN_FRAMEWORK))
+        if kw.get("optimizer_impl") is None:
+            given = given.with_(optimizer_impl=PLAN_OPTIMIZER)
+    if kw.get("global_batch") is None and (baseline is None or not baseline.global_batch):
+        given = given.with_(global_batch=default_global_batch(given.gpus))
+    pins: dict[str, Any] = {}
+    explicit = plan_from_flags({k: v for k, v in kw.items() if k not in ("plan_file", "ds_file")})
+    for flag, f in _FLAG_TO_FIELD.items():
+        if f in _PINNABLE and kw.get(flag) is not None:
+            pins[f] = getattr(explicit, f)
+    base = given.with_(**{f: v for f, v in pins.items() if f in ("tp", "pp", "ep")})
+    return base, pins, baseline
+
+
+@click.command()
+@plan_options
+@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
+@click.option("--objective", default="time", show_default=True,
+              help="Rank by: time (step time), cost (dollars per million tokens), memory (HBM headroom).")
+@click.option("--price", type=float, default=None, help="Dollars per GPU-hour (default: the profile's).")
+@click.option("--top", type=int, default=5, show_default=True, help="Plans to list.")
+@click.option("--jobs", type=int, default=None, help="Worker processes (default: every core).")
+@click.option("--precisions", default="bf16,fp8", show_default=True,
+              help="Precisions to search (--precision pins one).")
+@click.option("--calibration", "calibration_file", type=click.Path(), default=None,
+              help="Microbenchmark/calibration JSON to price ops with (default: the profile's set).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (plans, n_evaluated, n_feasible, ...).")
+@click.option("--plot", "plot_file", type=click.Path(), default=None, help="Pareto front of step time vs HBM (PNG).")
+@click.option("--trace", "trace_file", type=click.Path(), default=None, help="The best plan's timeline (Chrome trace).")
+@click.option("--save-plan", "save_file", type=click.Path(), default=None, help="Write the best plan as plan.toml.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
+def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
+         calibration_file: str | None, as_json: bool, plot_file: str | None, trace_file: str | None,
+         save_file: str | None, progress: bool | None, **kw: Any) -> None:
+    """Search the plan space (ZeRO, offload, unified memory, precision, recompute, micro-batch,
+    TP/PP/EP, CUDA graphs) and rank the plans that fit.
+
+    Given: --gpus (default 1), --seq (default 4096), --global-batch (default max(32, 4 x gpus)
+    sequences), --lora-rank, --framework (default deepspeed), --optimizer-impl (default fused).
+    Any other plan flag pins that dimension. --plan/--deepspeed: your own plan, simulated and
+    compared with the best one found.
+    """
+    from ghsim.hardware import load_hardware
+    from ghsim.model import load_model
+    from ghsim.plan import Precision
+    from ghsim.search import Objective, default_jobs, search
+    from ghsim.search_explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
+    from ghsim.search_space import default_space, pin
+
+    goal = Objective.parse(objective)
+    if top < 1:
+        raise GhsimError("--top must be at least 1")
+    if price is not None and price <= 0:
+        raise GhsimError("--price must be positive")
+    model = load_model(kw["model_name"])
+    hw = load_hardware(hardware_name)
+    cal = _calibration(calibration_file)
+    base, pins, baseline = base_and_pins(kw)
+    try:
+        precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
+    except ValueError:
+        raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
+                         f"{', '.join(p.value for p in Precision)}") from None
+    space = pin(default_space(model, hw, base, precs), pins)
+    result = search(model, hw, base, space, goal, cal, price, top=top, jobs=jobs or default_jobs(),
+                    progress=ProgressBar(progress))
+    base_eval = None
+    if baseline is not None:
+        from ghsim.search import memo_calibration
+        from ghsim.search_screen import evaluate
+
+        from ghsim.cost.calibration import load_calibration
+
+        base_eval = evaluate(model, hw, baseline, memo_calibration(cal or load_calibration(hw.calibration)),
+                             level="confirm")
+    if result.ranked:
+        best = result.ranked[0]
+        if save_file:
+            from ghsim.plan_toml import plan_to_toml
+
+            note = (f"ghsim plan: best of {result.n_evaluated:,} plans for {model.name} on {base.gpus} x {hw.name} "
+                    f"(objective {goal.value}): {best.step_time_s:.2f} s/step, {best.hbm_peak_bytes / 1e9:.1f} GB HBM")
+            _write(save_file, plan_to_toml(best.plan, note))
+        if trace_file:
+            from ghsim.report import chrome_trace
+            from ghsim.simulate import simulate
+
+            _write(trace_file, json.dumps(chrome_trace(simulate(model, hw, best.plan, cal))))
+        if plot_file:
+            from ghsim.search_plot import plot_pareto
+
+            plot_pareto(result, plot_file)
+    if as_json:
+        click.echo(json.dumps(to_json(result, top, base_eval), indent=2))
+    else:
+        if base_eval is not None:
+            click.echo(baseline_line(result, base_eval))
+        click.echo(render_table(result, top) if result.ranked else "\n".join(no_fit_advice(result)))
+    if not result.ranked:
+        fixes = [line.strip("- ").strip() for line in no_fit_advice(result) if line.startswith("  - ")]
+        raise GhsimError(f"no plan fits {model.name} on {base.gpus} x {hw.name}"
+                         + (f"; try {fixes[0]}" if fixes else ""))
+    if save_file and not as_json:
+        click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise GhsimError(f"{path}: cannot write: {e.strerror}") from None

@@ -1,0 +1,137 @@
+"""The plan search: every candidate judged, the ranking honest, the output plans real.
+
+Runs on the synthetic calibration (structure, not accuracy) and small spaces (pinned
+dimensions), so each search takes a second or two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ghsim.errors import GhsimError
+from ghsim.hardware import load_hardware
+from ghsim.model import load_model
+from ghsim.plan import Framework, Plan, Precision, Recompute
+from ghsim.search import Objective, memo_calibration, search
+from ghsim.search_screen import Status
+from ghsim.search_space import default_space, groups, pin, searched_fields_cover_plan
+from ghsim.simulate import simulate
+
+H100 = load_hardware("h100-sxm")
+SMALL = dataclasses.replace(load_model("gpt3-1.7b"), num_layers=8)  # layers repeat: 8 show every effect
+BASE = Plan(gpus=1, seq=1024, global_batch=8, framework=Framework.DEEPSPEED, optimizer_impl="fused")
+
+
+def small_search(cal, objective=Objective.TIME, jobs=1, base=BASE, model=SMALL, hw=H100, **pins):
+    pins = {"precision": Precision.BF16, **pins}
+    space = pin(default_space(model, hw, base), pins)
+    return search(model, hw, base, space, objective, cal, top=3, jobs=jobs)
+
+
+def test_every_plan_field_is_searched_or_given():
+    assert searched_fields_cover_plan() == set()
+
+
+def test_every_candidate_gets_one_verdict(cal):
+    r = small_search(cal, cuda_graphs=True)
+    space = pin(default_space(SMALL, H100, BASE), {"precision": Precision.BF16, "cuda_graphs": True})
+    assert r.n_evaluated == space.size(BASE) == sum(r.count(s) for s in Status)
+    assert len({e.plan for e in r.evaluations}) == len(r.evaluations)  # no plan judged twice
+    assert r.n_feasible == len(r.ranked) > 0
+
+
+def test_groups_hold_distinct_plans():
+    space = default_space(load_model("llama-3-70b"), load_hardware("gh200-96gb-quad"), Plan(gpus=8, global_batch=32))
+    base = Plan(gpus=8, global_batch=32)
+    keys = set()
+    n = 0
+    for g in groups(space, base):
+        key = g.base
+        assert key not in keys
+        keys.add(key)
+        n += g.size
+    assert n == space.size(base) > 2000
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(recompute=st.sampled_from([None, Recompute.FULL, Recompute.NONE]),
+       offload=st.sampled_from([None, frozenset(), frozenset({"optimizer", "grads"})]),
+       seq=st.sampled_from([512, 1024]), gb=st.sampled_from([4, 8]))
+def test_best_under_time_is_never_slower_and_every_output_plan_fits(cal, recompute, offload, seq, gb):
+    pins = {k: v for k, v in (("recompute", recompute), ("offload", offload)) if v is not None}
+    r = small_search(cal, base=BASE.with_(seq=seq, global_batch=gb), cuda_graphs=True, **pins)
+    feasible = [e for e in r.evaluations if e.status == Status.FEASIBLE]
+    assert len(feasible) == r.n_feasible
+    if not r.ranked:
+        return
+    best = r.ranked[0]
+    assert all(best.step_time_s <= e.step_time_s for e in feasible)
+    for e in r.ranked[:3]:  # the output plans: simulated in full they fit, with the numbers shown
+        full = simulate(SMALL, H100, e.plan, cal, keep_timeline=False)
+        assert full.fits
+        assert e.exact
+        assert e.step_time_s == pytest.approx(full.step_time_s, rel=2e-3)
+        assert e.hbm_peak_bytes == pytest.approx(full.hbm.peak_bytes, rel=2e-3)
+
+
+def test_objectives_rank_by_their_measure(cal):
+    by_mem = small_search(cal, Objective.MEMORY, cuda_graphs=True, recompute=Recompute.FULL)
+    peaks = [e.hbm_peak_bytes for e in by_mem.ranked]
+    assert peaks == sorted(peaks)
+    by_cost = small_search(cal, Objective.COST, cuda_graphs=True, recompute=Recompute.FULL)
+    price = by_cost.price_per_gpu_hour
+    costs = [e.usd_per_mtok(price) for e in by_cost.ranked]
+    assert costs == sorted(costs) and price == H100.price_per_gpu_hour
+    best = by_cost.ranked[0]
+    assert best.usd_per_mtok(price) == pytest.approx(price / 3600 * 1e6 / best.tokens_per_s)
+
+
+def test_unknown_objective_is_a_one_line_error():
+    with pytest.raises(GhsimError, match="unknown objective 'speed'"):
+        Objective.parse("speed")
+
+
+def test_cost_needs_a_price(cal):
+    import dataclasses
+
+    free = dataclasses.replace(H100, price_per_gpu_hour=0.0)
+    with pytest.raises(GhsimError, match="--price"):
+        small_search(cal, Objective.COST, hw=free)
+
+
+def test_memo_calibration_changes_nothing(cal):
+    plan = BASE.with_(recompute=Recompute.FULL)
+    a = simulate(SMALL, H100, plan, cal, keep_timeline=False)
+    b = simulate(SMALL, H100, plan, memo_calibration(cal), keep_timeline=False)
+    assert a.step_time_s == b.step_time_s and a.hbm.peak_bytes == b.hbm.peak_bytes
+
+
+def test_workers_give_the_same_answer(cal):
+    one = small_search(cal, cuda_graphs=True, recompute=Recompute.FULL)
+    two = small_search(cal, jobs=2, cuda_graphs=True, recompute=Recompute.FULL)
+    assert [(e.plan, e.step_time_s) for e in one.ranked] == [(e.plan, e.step_time_s) for e in two.ranked]
+    assert {s: one.count(s) for s in Status} == {s: two.count(s) for s in Status}
+
+
+def test_what_cannot_fit_is_pruned_without_simulating(cal):
+    big = load_model("llama-3.1-405b")
+    r = small_search(cal, model=big, recompute=Recompute.FULL, cuda_graphs=True)
+    assert not r.ranked
+    assert r.count(Status.PRUNED) == r.n_evaluated  # nothing simulated
+    assert all("GB" in g.reason for g in r.pruned_groups)
+
+
+def test_gpu_compute_bound_prunes_without_losing_the_best(cal):
+    """Branch and bound: the plans set aside as 'cannot win' are slower than the best."""
+    r = small_search(cal, cuda_graphs=True)
+    bounded = [e for e in r.evaluations if e.status == Status.BOUNDED]
+    best = r.ranked[0].step_time_s
+    for e in bounded[:5]:
+        full = simulate(SMALL, H100, e.plan, cal, keep_timeline=False)
+        assert full.step_time_s > best or not full.fits
+    assert not math.isnan(best)
