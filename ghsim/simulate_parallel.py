@@ -15,6 +15,13 @@ Two levels, so that 1024 GPUs cost no more than a few ranks:
 
 The other ranks of a stage do the same work on other data (symmetry), so the
 step time of one rank per stage is the step time of the job.
+
+Offload (graph/offload.py, woven into each micro-batch by graph/parallel.py):
+every data-parallel rank offloads its own shard, and all ranks do so at once, so
+the representative rank gets its share of the host (cost/hostlink.HostSide: an
+x86 node's cores, memory bandwidth and shared PCIe links divided among the
+plan's GPUs on it; a GH200 superchip's own Grace and C2C link). Host memory is
+per node: every GPU of the node holds its own offloaded states.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import numpy as np
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
+from ghsim.graph.offload import check_host_capacity, check_offload, host_static_bytes, resident_states
+from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
 from ghsim.graph import ops as K
 from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
@@ -42,14 +51,18 @@ from ghsim.graph.parallel import (
 )
 from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
 from ghsim.hardware import Hardware
+from ghsim.host_summary import offload_section, per_node
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan, Precision
-from ghsim.report import StepReport, Timeline
+from ghsim.report import StepReport, Timeline, _overlap
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
 COMM_STREAMS = ("tp", "dp", "ep")
-NOT_COMPUTE = ("dp", "mem")  # streams whose ops do not hold up the compute stream's spans
+HOST_SIDE = ("h2d", "d2h", "cpu")  # offload's copy engines and host cores
+# streams whose ops do not hold up the compute stream's spans: gradient reductions, memory
+# markers, and offload's copies and CPU work (timed apart: after backward, in the optimizer)
+NOT_COMPUTE = ("dp", "mem", "loader") + HOST_SIDE
 
 
 @dataclass(frozen=True)
@@ -92,10 +105,14 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     compute = [i for i, o in enumerate(ops) if o.resource not in NOT_COMPUTE]
     t_fwd = max((end[i] for i in compute if i <= mb.fwd_last), default=0.0)
     t_bwd = max((end[i] for i in compute if i < mb.tail_first), default=t_fwd)
-    dp_bwd = [i for i, o in enumerate(ops) if o.resource == "dp" and o.phase == "bwd"]
-    t_dp = max((end[i] for i in dp_bwd), default=t_bwd)
-    t_opt = max((end[i] for i in compute if i >= mb.tail_first), default=max(t_bwd, t_dp))
-    t_opt = max(t_opt, t_bwd, t_dp)
+    # after backward: its gradient reductions, and offloaded gradients still on their way to the host
+    after_bwd = [i for i, o in enumerate(ops) if (o.resource == "dp" and o.phase == "bwd")
+                 or (o.resource in HOST_SIDE and o.phase != "opt")]
+    t_dp = max([t_bwd] + [end[i] for i in after_bwd])
+    # the optimizer: on the compute stream, and (offloaded) on the host and its copy engines
+    opt = [i for i, o in enumerate(ops) if (i >= mb.tail_first and o.resource not in NOT_COMPUTE)
+           or (o.resource in HOST_SIDE and o.phase == "opt")]
+    t_opt = max([t_bwd, t_dp] + [end[i] for i in opt])
     makespan = max(sched.makespan, t_opt)
     times = {"t_fwd": t_fwd, "t_bwd": t_bwd, "t_dp": t_dp, "t_opt": t_opt, "makespan": makespan}
     tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch, lead_gap)
@@ -113,6 +130,16 @@ def window(tl: Timeline, a: float, b: float) -> Segment:
     start, end = sched.start, sched.end
     lead = tl.lead_gap if tl.lead_gap is not None else np.zeros(len(ops))
     out: dict[str, float] = {}
+    cpu = np.fromiter((op.category == CPU for op in ops), bool, len(ops))
+    cpu_s, cpu_e = start[cpu], end[cpu]  # host cores (one in-order pool): an offloaded optimizer
+
+    def wait(key: str, x: float, y: float) -> None:
+        """The stream idles over [x, y) for `key`; while host cores work, for them (as on one GPU)."""
+        on_cpu = _overlap(x, y, cpu_s, cpu_e) if key.startswith("wait_") and key != "wait_cpu" else 0.0
+        if on_cpu:
+            out["wait_cpu"] = out.get("wait_cpu", 0.0) + on_cpu
+        out[key] = out.get(key, 0.0) + y - x - on_cpu
+
     cursor = a
     intervals = []
     for i, op in enumerate(ops):
@@ -123,8 +150,7 @@ def window(tl: Timeline, a: float, b: float) -> Segment:
         if op.resource != "gpu" or end[i] <= a or start[i] >= b:
             continue
         if s > cursor:
-            key = _waited_for(i, tl)
-            out[key] = out.get(key, 0.0) + s - cursor
+            wait(_waited_for(i, tl), cursor, s)
         if e > s:
             s = max(s, cursor)
             idle = max(0.0, min(body, e) - s)
@@ -142,7 +168,7 @@ def window(tl: Timeline, a: float, b: float) -> Segment:
         key = ops[max(last, key=lambda i: end[i])].category if last else "wait_other"
         key = {CPU: "wait_cpu", COPY: "wait_transfer"}.get(key, key)
         key = key if key in KERNEL_CATEGORIES or key.startswith("wait_") else "wait_other"
-        out[key] = out.get(key, 0.0) + b - cursor
+        wait(key, cursor, b)
     return Segment(b - a, out, _union(intervals))
 
 
@@ -181,13 +207,24 @@ def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> C
 
 
 def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
-                      keep_timeline: bool = True, fabric: Fabric | None = None) -> StepReport:
+                      keep_timeline: bool = True, fabric: Fabric | None = None,
+                      host_side: HostSide | None = None) -> StepReport:
+    """`fabric` and `host_side` replace the links and the per-GPU host share the hardware implies."""
     from ghsim.simulate import model_flops  # (simulate imports this module)
 
+    check_offload(plan)
     layout = Layout.of(plan, hw)
-    cost = CostModel(hw, calibration, HostSide.of(hw, plan, calibration), LaunchCosts.of(hw, calibration, plan))  # host link and CPU shared per node
+    host_side = host_side or HostSide.of(hw, plan, calibration)  # host link, CPU and memory shared per node
+    cost = CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan))
     fabric = fabric or Fabric.of(hw)
     groups = layout.groups()
+    J = layout.chunks
+    per_chunk = model.num_layers // J
+    kind_of = [(j == 0, j == J - 1) for j in range(J)]
+    if resolve_offload(plan).any:  # every GPU of a node holds its own shard of the offloaded state
+        need = max((_stage_host_static(model, plan, layout, d, kind_of, per_chunk) for d in range(layout.pp)),
+                   key=lambda st: sum(st.values()))
+        check_host_capacity(need, host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
 
     def comm_time(kind: str, nbytes: float, stream: str, calls: int) -> float:
         return collective_time(kind, nbytes, groups[stream], fabric, calls)
@@ -198,9 +235,7 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
         return cost.duration(op)
 
     M, pp, v = plan.grad_accum, layout.pp, layout.interleave
-    J = layout.chunks
-    per_chunk = model.num_layers // J
-    kinds = {(j == 0, j == J - 1) for j in range(J)}
+    kinds = set(kind_of)
     runs: dict[tuple[bool, bool], tuple[MicrobatchRun, MicrobatchRun]] = {}
     for first, last in kinds:
         chunk = Chunk(per_chunk, first, last)
@@ -216,7 +251,6 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     act = 2 if plan.precision.is_mixed else 4
     send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / layout.tp
     send_s = comm_time("send", send_bytes, "pp", 1) if pp > 1 else 0.0
-    kind_of = [(j == 0, j == J - 1) for j in range(J)]
     chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
     tails = []
     for d in range(pp):
@@ -235,7 +269,8 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     breakdown, utilization = rep_stats["breakdown"], rep_stats["utilization"]
 
     # --- memory of each stage ------------------------------------------------------------------
-    stage_mem = [_stage_memory(model, plan, layout, d, runs, kind_of, per_chunk) for d in range(pp)]
+    stage_mem = [_stage_memory(model, plan, layout, d, runs, kind_of, per_chunk, host_side.node_gpus)
+                 for d in range(pp)]
     worst = max(range(pp), key=lambda d: stage_mem[d][0].peak_bytes)
     # the memory curves follow the kernel-level replay, not the pipeline timeline: not drawn
     hbm, host = (replace(peak, curve=None) for peak in stage_mem[worst])
@@ -290,13 +325,13 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
         hbm_capacity=hw.hbm.capacity_bytes,
         host_capacity=hw.host.capacity_bytes,
         fit_problems=tuple(problems),
-        notes=tuple(_notes(plan, layout)),
+        notes=tuple(_notes(plan, layout, hw, host_side)),
         plan=plan_dict,
         model=model.to_dict(),
         hardware=hw.to_dict(),
         timeline=(Timeline(pipe.graph.ops, [r.name for r in pipe.resources], pipe.schedule, pipe.graph.deps,
                            pipe.graph.layer, pipe.graph.microbatch) if keep_timeline else None),
-        extra={"parallel": parallel},
+        extra={"parallel": parallel, **_offload_extra(plan, hw, runs, kind_of, rep, layout, breakdown)},
     )
 
 
@@ -362,60 +397,97 @@ def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | 
     return run.segments["fwd" if seg.endswith("fwd") else "bwd"]
 
 
+def _stage_params(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int
+                  ) -> tuple[float, float, float]:
+    """Parameters, trainable parameters and the share inside decoder layers, of one GPU of stage d."""
+    params = trainable = outside = 0.0
+    for c in range(layout.interleave):
+        cp = chunk_params(model, plan, layout, Chunk(per_chunk, *kind_of[c * layout.pp + d]))
+        params, trainable = params + cp.params, trainable + cp.trainable
+        outside += cp.embedding_params + cp.head_params
+    return params, trainable, (1.0 - outside / params if params else 0.0)
+
+
+def _stage_host_static(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int
+                       ) -> dict[str, float]:
+    """Host memory one GPU of stage d holds all step for its offloaded shard."""
+    params, trainable, _ = _stage_params(model, plan, layout, d, kind_of, per_chunk)
+    return host_static_bytes(model, plan, trainable, params)
+
+
 def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, runs, kind_of,
-                  per_chunk: int) -> tuple[TierPeak, TierPeak]:
-    """HBM of one GPU of stage d: its model state (ZeRO shards), the kernel-level replay of its
-    final micro-batch, and the activations of the other micro-batches 1F1B keeps in flight."""
+                  per_chunk: int, node_gpus: int) -> tuple[TierPeak, TierPeak]:
+    """HBM of one GPU of stage d: its model state (ZeRO shards, less what is offloaded), the
+    kernel-level replay of its final micro-batch, and the activations of the other micro-batches
+    1F1B keeps in flight (on the host, when activations are offloaded). Host memory: the node's,
+    every GPU of it holding what this one holds."""
     pp, v, M = layout.pp, layout.interleave, plan.grad_accum
     js = [c * pp + d for c in range(v)]
-    params = trainable = 0.0
-    for j in js:
-        cp = chunk_params(model, plan, layout, Chunk(per_chunk, *kind_of[j]))
-        params += cp.params
-        trainable += cp.trainable
-    static = model_state_bytes(params, trainable, plan, layout.dp)
+    params, trainable, layer_share = _stage_params(model, plan, layout, d, kind_of, per_chunk)
+    static = resident_states(model_state_bytes(params, trainable, plan.with_(offload=frozenset()), layout.dp),
+                             plan, layer_share)
     zero = plan.zero if layout.dp > 1 else 0
     if layout.dp > 1 and zero == 0 and plan.framework == Framework.TORCH_AMP:
         # DDP copies gradients into its own flat buckets (gradient_as_bucket_view=False, the default)
         static["comm_buckets"] = trainable * StateBytes.of(plan).grads
-    elif layout.dp > 1 and zero in (1, 2) and plan.framework == Framework.DEEPSPEED:
+    elif layout.dp > 1 and zero >= 1 and plan.framework == Framework.DEEPSPEED:
+        # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer)
         static["comm_buckets"] = min(bucket_bytes(plan, 0.0), trainable * StateBytes.of(plan).grads)
-    saved = [runs[kind_of[j]][0].mb.saved_bytes for j in js]
+    finals = [runs[kind_of[j]][0].mb for j in js]
+    saved = [mb.saved_bytes for mb in finals]
     inflight, _count = peak_inflight_bytes(pp, v, M, d, saved)
+    host_saved = [sum(op.host_alloc for op in mb.graph.ops[:mb.fwd_last + 1] if op.mem_tag == "offloaded_activations")
+                  for mb in finals]
+    host_inflight, _count = peak_inflight_bytes(pp, v, M, d, host_saved)
     worst_peak, worst = None, None
-    for c, j in enumerate(js):
-        mb = runs[kind_of[j]][0].mb
+    for c, mb in enumerate(finals):
         extra = max(0.0, inflight - saved[c])
         ops = mb.graph.ops
         mem_ops = ([_mem_marker("pipeline_activations", extra)] + ops[:mb.tail_first]
                    + [_mem_marker("pipeline_activations", -extra)] + ops[mb.tail_first:])
         peak = hbm_peak(mem_ops, static)
         if worst_peak is None or peak.peak_bytes > worst_peak.peak_bytes:
-            worst_peak, worst = peak, mb
-    host_static = {}
-    if "optimizer" in plan.offload:
-        shard = trainable / (layout.dp if zero >= 1 else 1)
-        node = layout.gpus_per_node
-        host_static = {"optimizer_states": shard * 8 * node, "master_params": shard * 4 * node,
-                       "grads": shard * 4 * node}
-    host = host_peak(worst.graph.ops, host_static)
+            worst_peak, worst, host_extra = peak, mb, max(0.0, host_inflight - host_saved[c])
+    host_static = host_static_bytes(model, plan, trainable, params)
+    if host_extra:
+        host_static["pipeline_offloaded_activations"] = host_extra
+    host = per_node(host_peak(worst.graph.ops, host_static), node_gpus)
     return worst_peak, host
 
 
 def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int) -> dict:
     """Params, gradients, masters and optimizer state one GPU of stage d holds, as the ZeRO paper counts them."""
-    params = trainable = 0.0
-    for c in range(layout.interleave):
-        cp = chunk_params(model, plan, layout, Chunk(per_chunk, *kind_of[c * layout.pp + d]))
-        params, trainable = params + cp.params, trainable + cp.trainable
-    return {k: float(v) for k, v in model_states(params, trainable, plan, layout.dp).items()}
+    params, trainable, layer_share = _stage_params(model, plan, layout, d, kind_of, per_chunk)
+    states = model_states(params, trainable, plan.with_(offload=frozenset()), layout.dp)
+    zero = plan.zero if layout.dp > 1 else 0
+    return {k: float(v) for k, v in resident_states(states, plan, layer_share, grads_are_shards=zero >= 2).items()}
 
 
 def _mem_marker(tag: str, nbytes: float) -> Op:
     return Op(name=tag, category="other", kind=K.HOST_WORK, resource="mem", kernels=0).change_hbm(tag, nbytes)
 
 
-def _notes(plan: Plan, layout: Layout) -> list[str]:
+def _offload_extra(plan: Plan, hw: Hardware, runs, kind_of, rep: int, layout: Layout,
+                   breakdown: dict[str, float]) -> dict:
+    """The report's "offload" section for one GPU of the representative stage, over the whole step:
+    its chunks' last micro-batch once and their other micro-batches M - 1 times each."""
+    if not resolve_offload(plan).any:
+        return {}
+    M = plan.grad_accum
+    ops, start, end = [], [], []
+    for c in range(layout.interleave):
+        final, middle = runs[kind_of[c * layout.pp + rep]]
+        for run in [final] + [middle] * (M - 1):
+            ops += run.mb.graph.ops
+            start.append(run.schedule.start)
+            end.append(run.schedule.end)
+    sched = engine.Schedule(np.concatenate(start), np.concatenate(end), np.zeros(len(ops)), 0.0)
+    section = offload_section(Timeline(ops, [], sched, [], [], []), breakdown, plan, hw)
+    section["per_gpu"] = True  # bytes, busy and CPU times are one GPU's; every GPU does the same
+    return {"offload": section}
+
+
+def _notes(plan: Plan, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
     notes = [f"precision semantics: {plan.framework.value}",
              f"parallel layout: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}"
              + (f" (ep {layout.ep})" if layout.ep > 1 else "")
@@ -429,4 +501,14 @@ def _notes(plan: Plan, layout: Layout) -> list[str]:
         notes.append(f"tensor parallelism ({layout.tp}) spans nodes: its collectives cross the network")
     if plan.batch_prep_s:
         notes.append("multi-GPU plans do not model the host data pipeline (--batch-prep-ms is ignored)")
+    setup = resolve_offload(plan)
+    if setup.any:
+        shard = f"its 1/{setup.shard} shard" if setup.shard > 1 else "a full replica"
+        if hw.host_link.is_c2c:
+            host_share = "each GPU uses its own Grace, LPDDR5X and C2C link"
+        else:
+            host_share = (f"{host.node_gpus} GPU(s) per node share its CPU cores and memory bandwidth"
+                          + (f", {host.link_sharers} share each host link" if host.link_sharers > 1 else ""))
+        notes.append(f"offload ({setup.schedule.value}): every rank offloads {shard} of the offloaded state; "
+                     f"{host_share}; host memory is per node")
     return notes

@@ -11,8 +11,16 @@ Host links differ in kind, not only in rate (DESIGN.md, modeling notes):
   its own Grace and LPDDR5X, so host bandwidth is per GPU, not per node.
 
 `HostSide` turns those figures into per-GPU rates for one plan: every GPU of a
-data-parallel plan runs the same schedule at the same time, so the GPUs that
-share a link or a host divide it evenly.
+data-parallel plan runs the same schedule at the same time (each offloads its
+own shard), so the GPUs that share a link or a host divide it evenly:
+
+- x86 node: one host for all its GPUs. The plan's GPUs on the node
+  (`node_gpus`) split its cores and its memory bandwidth; the GPUs behind one
+  PCIe switch (`link_sharers`) split that link.
+- GH200 node: one Grace per Hopper. A profile's CPU figure covers every
+  superchip of the node (`gpus_per_node` of them), so each GPU gets one
+  superchip's share whatever the plan uses; its LPDDR5X bandwidth and C2C link
+  are its own.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ VECTOR_CPU_ADAM = "deepspeed"  # DeepSpeed CPU-Adam / GraceAdam: SIMD, bandwidth
 class HostSide:
     hw: "Hardware"
     link_sharers: int = 1  # GPUs of the plan copying over one host link at once
-    node_gpus: int = 1  # GPUs of the plan on one node (they share its CPU)
+    node_gpus: int = 1  # GPUs of the plan on one node (they share an x86 host's CPU and memory)
     torch_adam_per_thread: float = 0.0  # measured torch CPU AdamW params/s per thread; 0: none applies
 
     @staticmethod
@@ -93,6 +101,13 @@ class HostSide:
         return max(1, transfers) * self.hw.host_link.latency_s + nbytes / self.link_rate(direction, pinned, duplex)
 
     # --- the CPU ----------------------------------------------------------------
+    @property
+    def cpu_sharers(self) -> int:
+        """GPUs whose offload work one profile's CPU figure is split over."""
+        if self.hw.host_link.is_c2c:  # one Grace per superchip: a fixed share of the node's CPUs
+            return max(1, self.hw.gpus_per_node, self.node_gpus)
+        return self.node_gpus
+
     def cpu_adamw_rate(self, impl: str = VECTOR_CPU_ADAM) -> float:
         """fp32 AdamW params/s one GPU's share of the host sustains.
 
@@ -104,7 +119,7 @@ class HostSide:
         rate = profile
         if impl == TORCH_CPU_ADAM and self.torch_adam_per_thread > 0:
             rate = min(profile, self.torch_adam_per_thread * self.hw.cpu.cores)
-        return rate / self.node_gpus
+        return rate / self.cpu_sharers
 
     def cpu_optimizer_time(self, params: float, impl: str = VECTOR_CPU_ADAM) -> float:
         return params / self.cpu_adamw_rate(impl) if params > 0 else 0.0

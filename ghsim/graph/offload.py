@@ -28,6 +28,15 @@ Three schedules (plan.OffloadSchedule):
 
 With offload_ratio < 1 the other schedules split the optimizer the same way
 (DeepSpeed ZeRO-Offload++ "Twin-Flow" ratio).
+
+The same rewrite serves a multi-GPU rank's micro-batch (graph/parallel.py), which
+says through `RankHooks` what a whole-step graph need not: where its gradients
+become ready to leave (after each bucket's reduce-scatter or all-reduce, as
+ZeRO-Offload copies each rank's reduced partition down), which ZeRO-3
+all-gather consumes each layer's fetched parameter shard (ZeRO-Infinity: the
+rank's 1/dp shard comes over the host link, then the gather), and whether the
+optimizer follows. Each rank offloads only its shard (1/dp of the states under
+ZeRO >= 1); HostSide prices its share of the host (cost/hostlink.py).
 """
 
 from __future__ import annotations
@@ -77,6 +86,13 @@ class OffloadSetup:
         """Parameters offloaded by plain PyTorch: FSDP CPUOffload semantics."""
         return self.params and self.schedule == OffloadSchedule.SYNC
 
+    @property
+    def streams_gradients(self) -> bool:
+        """Gradients leave for the host as backward produces them (or as their reduction ends),
+        and their GPU copies are freed; otherwise (plain PyTorch optimizer offload) they
+        accumulate on the GPU and are copied down once, after the step's last backward."""
+        return self.optimizer and (self.schedule != OffloadSchedule.SYNC or self.params)
+
 
 def resolve(plan: Plan) -> OffloadSetup:
     schedule = plan.offload_schedule
@@ -111,21 +127,42 @@ def layer_param_share(model: ModelSpec) -> float:
     return model.num_layers * model.layer_params / model.total_params
 
 
+def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
+                    grads_are_shards: bool = True) -> dict[str, float]:
+    """The model state a GPU keeps under the plan's offload, from what it keeps without it.
+
+    The GPU keeps (1 - cpu_share) of the fp32 masters and AdamW moments; when the
+    gradients stream to the host, the same share of any gradient partition
+    (DeepSpeed allocates the partition next to the CPU optimizer, on the host); of
+    offloaded parameters, only those outside the decoder layers (`layer_share` is
+    the share inside them), the layers being fetched per use. `grads_are_shards`:
+    "grads" is a persistent partition, not the full gradients backward creates.
+    """
+    setup = resolve(plan)
+    out = dict(states)
+    keep = 1.0 - setup.cpu_share
+    moved = ["master_params", "optimizer_states"] if setup.optimizer else []
+    if setup.streams_gradients:
+        moved += ["grad_partition"] + (["grads"] if grads_are_shards else [])
+    for key in moved:
+        if key in out:
+            out[key] *= keep
+            if not out[key]:
+                out.pop(key)
+    if setup.params and "params" in out:
+        out["params"] *= 1.0 - layer_share
+    return out
+
+
 def adjust_static_hbm(static: dict[str, float], gpu_optimizer_states: float, model: ModelSpec,
                       plan: Plan) -> dict[str, float]:
-    """HBM held all step under offload. `gpu_optimizer_states`: what the optimizer holds in HBM
-    without offload; the GPU keeps (1 - cpu_share) of it. Offloaded parameters leave only
-    the non-layer ones resident (layers are fetched into buffers by the schedule's ops)."""
-    setup = resolve(plan)
+    """HBM held all step under offload (one GPU). `gpu_optimizer_states`: what the optimizer
+    holds in HBM without offload; the GPU keeps (1 - cpu_share) of it. Offloaded parameters
+    leave only the non-layer ones resident (layers are fetched into buffers by the schedule's ops)."""
     out = dict(static)
-    if setup.optimizer:
-        kept = (1.0 - setup.cpu_share) * gpu_optimizer_states
-        out["optimizer_states"] = kept
-        if not kept:
-            out.pop("optimizer_states")
-    if setup.params and "params" in out:
-        out["params"] = out["params"] * (1.0 - layer_param_share(model))
-    return out
+    if resolve(plan).optimizer:
+        out["optimizer_states"] = gpu_optimizer_states
+    return resident_states(out, plan, layer_param_share(model))
 
 
 def host_static_bytes(model: ModelSpec, plan: Plan, trainable: float, total: float) -> dict[str, float]:
@@ -281,9 +318,10 @@ def _copy(name: str, direction: str, nbytes: float, phase: str, setup: OffloadSe
               kernels=transfers, pinned=setup.pinned, variant="duplex" if duplex else "")
 
 
-def _gpu_cast(name: str, params: float, phase: str) -> Op:
-    """bf16 <-> fp32 on the GPU: read one width, write the other (6 bytes per element)."""
-    return Op(name=name, category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="cast_fp32_to_bf16",
+def _gpu_cast(name: str, params: float, phase: str, stream: str = "gpu") -> Op:
+    """bf16 <-> fp32 on the GPU: read one width, write the other (6 bytes per element).
+    `stream`: where it is queued (the stream of the collective it follows or feeds, if any)."""
+    return Op(name=name, category="elementwise", kind=K.MEMBOUND, resource=stream, variant="cast_fp32_to_bf16",
               bytes=6 * params, phase=phase, hbm_transient=4 * params)
 
 
@@ -320,6 +358,31 @@ class StepFacts:
     saved_per_layer: float  # activation bytes a layer keeps for its backward (recompute: its input)
     gpu_param_width: int  # bytes per parameter the GPU computes with (fp32 under torch-amp)
     layer_params: float  # parameters of one decoder layer (all, trainable or not)
+    grad_width: float = 0.0  # bytes per gradient element; 0: from the graph's gradient allocations
+
+
+@dataclass(frozen=True)
+class GradSource:
+    """Gradients ready to leave for the host: after a backward run, or after their reduction."""
+
+    after: int  # index of the op after which they are ready
+    params: float  # parameters they cover, before ZeRO sharding
+    held: float  # HBM bytes their copy down frees
+    key: tuple  # the same piece of the model in every micro-batch
+    layer: int = -1
+    mb: int = 0
+    accumulate: bool = False  # the host adds them to earlier micro-batches' gradients
+    stream: str = "gpu"  # where they are produced (a GPU cast of them is queued there)
+
+
+@dataclass(frozen=True)
+class RankHooks:
+    """What a multi-GPU micro-batch graph tells the rewrite (graph/parallel.py)."""
+
+    grad_sources: tuple[GradSource, ...]  # in backward order
+    gathers: dict[tuple[str, int], int]  # (FWD|BWD, layer) -> the ZeRO-3 all-gather of that layer
+    steps: bool  # the optimizer step follows this graph (the step's last micro-batch)
+    loss: bool  # the graph holds the final norm, LM head and loss
 
 
 def apply_offload(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
@@ -329,10 +392,13 @@ def apply_offload(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts
 
 
 def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
-                         price: Callable[[Op], float]) -> tuple[OpGraph, list[int]]:
+                         price: Callable[[Op], float], hooks: RankHooks | None = None
+                         ) -> tuple[OpGraph, list[int]]:
     """apply_offload, and where each op of `graph` moved to (for callers that hold op indices,
     such as a multi-GPU micro-batch's end of forward). Works on any graph whose ops carry
-    phases (fwd, bwd, recompute) and layer numbers; collectives on other streams stay put."""
+    phases (fwd, bwd, recompute) and layer numbers; collectives on other streams stay put.
+    Without `hooks` the graph is a whole step on one GPU: gradients leave after the
+    backward run that makes them, and the optimizer follows the last micro-batch."""
     setup = resolve(plan)
     rw = Rewriter(graph)
     runs = find_runs(graph)
@@ -350,9 +416,11 @@ def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: St
     by_mb: dict[int, dict[str, list[Run]]] = defaultdict(lambda: {FWD: [], BWD: []})
     for run in runs:
         by_mb[run.mb][run.direction].append(run)
-    grads_on_gpu = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(len(graph.ops))
-                       if graph.microbatch[i] == 0 and (graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) > 0)
-    grad_width = grads_on_gpu / facts.trainable if facts.trainable else 4.0
+    grad_width = facts.grad_width
+    if not grad_width:
+        grads_on_gpu = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(len(graph.ops))
+                           if graph.microbatch[i] == 0 and (graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) > 0)
+        grad_width = grads_on_gpu / facts.trainable if facts.trainable else 4.0
 
     # which copies overlap the other direction (they then share PCIe's bidirectional cap)
     duplex_fwd = overlapped and setup.params and setup.activations
@@ -361,12 +429,14 @@ def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: St
 
     if setup.activations and overlapped:
         _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph)
-    elif setup.activations and plan.recompute != Recompute.FULL:
+    elif setup.activations and plan.recompute != Recompute.FULL and (hooks is None or hooks.loss):
         _sync_loss_offload(rw, by_mb, model, plan, new)
     if setup.params:
-        _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph, plan)
+        _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, hooks.gathers if hooks else {})
     if setup.optimizer:
-        _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd, price)
+        sources = list(hooks.grad_sources) if hooks else _run_sources(graph, by_mb, grad_width)
+        _optimizer(rw, sources, graph, plan, facts, setup, new, grad_width, duplex_bwd, price,
+                   hooks.steps if hooks else True)
     out = rw.build()
     return out, rw.mapping
 
@@ -396,11 +466,13 @@ def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gra
             rw.add_dep(run.first, fetch)
 
 
-def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph, plan) -> None:
+def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gathers) -> None:
     """Layer parameters come from the host one layer ahead into a GPU buffer, forward and backward.
 
     FSDP (sync) fetches the fp32 flat parameter and casts it on the GPU; ZeRO-Infinity
-    fetches the bf16 working copy. At most two layer buffers are in flight.
+    fetches the bf16 working copy. At most two layer buffers are in flight. With ZeRO-3
+    over several ranks (`gathers`), each rank fetches its shard just before the layer's
+    all-gather, which the gather waits for (the cast runs on the gather's stream).
     """
     P = facts.layer_params / setup.shard
     fsdp = setup.fsdp_like
@@ -412,15 +484,18 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gra
             fetch_op = _copy(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, "h2d", duplex=duplex)
             fetch_op.change_hbm("param_buffers", buffer)
             release = _marker(f"params.release.{direction}", direction).change_hbm("param_buffers", -buffer)
-            cast = _gpu_cast(f"params.cast.{direction}", P, direction) if fsdp else None
+            casts = {s: _gpu_cast(f"params.cast.{direction}", P, direction, s) for s in ("gpu", "dp")} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
             for n, (k, run) in enumerate(layer_runs):
-                ahead = seq[k - 1] if k > 0 else run
+                gather = gathers.get((direction, run.layer))
+                consumer = run.first if gather is None else gather
+                ahead = seq[k - 1].first if k > 0 and gather is None else consumer
                 deps = [layer_runs[n - 2][1].last] if n >= 2 else []  # its buffer is free again
-                fetch = rw.insert_before(ahead.first, new(fetch_op, deps, run.layer, mb))
-                if cast is not None:
-                    fetch = rw.insert_before(run.first, new(cast, [fetch], run.layer, mb))
-                rw.add_dep(run.first, fetch)
+                fetch = rw.insert_before(ahead, new(fetch_op, deps, run.layer, mb))
+                if casts:
+                    fetch = rw.insert_before(consumer, new(casts["gpu" if gather is None else "dp"], [fetch],
+                                                           run.layer, mb))
+                rw.add_dep(consumer, fetch)
                 rw.insert_after(run.last, new(release, [], run.layer, mb))
 
 
@@ -436,83 +511,96 @@ def _bucket_count(nbytes: float, setup: OffloadSetup, price_latency_rate: tuple[
     return max(1, math.ceil(nbytes / bucket))
 
 
-def _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd, price) -> None:
-    """Gradients to the host, the CPU's share of AdamW, updated parameters back; the GPU's share."""
+def _run_sources(graph: OpGraph, by_mb, grad_width: float) -> list[GradSource]:
+    """One GPU's whole step: each backward run's gradients leave after it, in every micro-batch."""
+    per_run_bytes = _grad_bytes_per_run(graph, by_mb)
+    out = []
+    for mb in sorted(by_mb):
+        runs = by_mb[mb][BWD]
+        for run in runs:
+            k = (run.layer, run.first - runs[0].first)
+            if k not in per_run_bytes:
+                continue
+            held = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(run.first, run.last + 1))
+            out.append(GradSource(run.last, per_run_bytes[k] / grad_width, held, k, run.layer, mb, mb > 0))
+    return out
+
+
+def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, grad_width, duplex_bwd, price,
+               steps: bool) -> None:
+    """Gradients to the host, the CPU's share of AdamW, updated parameters back; the GPU's share.
+    `steps`: the optimizer follows (else only the gradients leave, to be accumulated on the host)."""
     sched = setup.schedule
     P = facts.trainable
-    per_run_bytes = _grad_bytes_per_run(graph, by_mb)
-    first_bwd = by_mb[0][BWD][0].first if by_mb[0][BWD] else 0
 
-    def key(run: Run, mb: int) -> tuple[int, int]:
-        base = by_mb[mb][BWD][0].first
-        return (run.layer, run.first - base)
-
-    # The CPU takes the first cpu_share of the gradients in backward order (whole runs);
+    # The CPU takes the first cpu_share of the gradients in backward order (whole pieces);
     # the GPU keeps the tail, with its optimizer states (SuperOffload's tail buckets).
     target, taken, on_cpu = setup.cpu_share * P, 0.0, set()
-    for run in by_mb[0][BWD]:
-        k = (run.layer, run.first - first_bwd)
-        params = per_run_bytes.get(k, 0.0) / grad_width
-        if params > 0 and taken + params <= target * (1 + 1e-9):
-            on_cpu.add(k)
-            taken += params
+    first_mb = min((s.mb for s in sources), default=0)
+    for src in sources:
+        if src.mb == first_mb and src.params > 0 and taken + src.params <= target * (1 + 1e-9):
+            on_cpu.add(src.key)
+            taken += src.params
     cpu_params, gpu_params = taken / setup.shard, (P - taken) / setup.shard
+    last_mb = max((s.mb for s in sources), default=0)
+    ready = sorted({s.after for s in sources if s.mb == last_mb})  # every gradient of the step is reduced
 
     if sched == OffloadSchedule.SYNC and not setup.params:
-        _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan)
+        if steps:
+            _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready)
         return
     bwd_gpu = sum(op.duration for i, op in enumerate(graph.ops)
                   if graph.microbatch[i] == 0 and op.resource == "gpu" and op.phase in ("bwd", "recompute"))
     widths = _transfer_widths(setup, grad_width, facts, price, bwd_gpu / max(P, 1.0))
     superoffload = sched == OffloadSchedule.SUPEROFFLOAD
     main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
-    last_mb = max(by_mb)
-    arrivals: list[tuple[New, float, Run]] = []  # each run's last op on its way to the host
-    for mb in sorted(by_mb):
-        for run in by_mb[mb][BWD]:
-            k = key(run, mb)
-            if k not in on_cpu:
-                continue
-            params = per_run_bytes[k] / grad_width / setup.shard
-            held = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(run.first, run.last + 1))
-            deps: list = [run.last]
-            if widths.grad_gpu_cast:
-                deps = [rw.insert_after(run.last, new(_gpu_cast("grads.cast_fp32", params, "bwd"), deps, run.layer, mb))]
-            nbytes = params * widths.grad
-            d2h = _copy("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
-                        _bucket_count(nbytes, setup, widths.latency_rate_d2h), duplex_bwd)
-            if held > 0:  # the GPU gradient is freed once it has left
-                d2h.change_hbm("grads", -held)
-            last = rw.insert_after(run.last, new(d2h, deps, run.layer, mb))
-            if widths.grad_cpu_cast:
-                last = rw.insert_after(run.last, new(_cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
-                                                     [last], run.layer, mb))
-            if mb > 0:  # accumulate into the fp32 host gradient: read both, write one
-                last = rw.insert_after(run.last, new(_cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
-                                                     [last], run.layer, mb))
-            if mb == last_mb:
-                arrivals.append((last, params, run))
-    if gpu_params > 0:  # the GPU's share, after backward, on the compute stream
+    arrivals: list[tuple[New, float, GradSource]] = []  # each piece's last op on its way to the host
+    for src in sources:
+        if src.key not in on_cpu:
+            continue
+        params = src.params / setup.shard
+        at, mb, layer = src.after, src.mb, src.layer
+        deps: list = [at]
+        if widths.grad_gpu_cast:
+            deps = [rw.insert_after(at, new(_gpu_cast("grads.cast_fp32", params, "bwd", src.stream), deps, layer, mb))]
+        nbytes = params * widths.grad
+        d2h = _copy("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
+                    _bucket_count(nbytes, setup, widths.latency_rate_d2h), duplex_bwd)
+        if src.held > 0:  # the GPU gradient is freed once it has left
+            d2h.change_hbm("grads", -src.held)
+        last = rw.insert_after(at, new(d2h, deps, layer, mb))
+        if widths.grad_cpu_cast:
+            last = rw.insert_after(at, new(_cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
+                                           [last], layer, mb))
+        if src.accumulate:  # accumulate into the fp32 host gradient: read both, write one
+            last = rw.insert_after(at, new(_cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
+                                           [last], layer, mb))
+        if mb == last_mb:
+            arrivals.append((last, params, src))
+    if not steps:
+        return
+    if gpu_params > 0:  # the GPU's share, after backward (and its gradients' reduction), on the compute stream
         tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
-        rw.append(new(_gpu_adam(gpu_params, tensors, plan)))
+        kept = [s.after for s in sources if s.mb == last_mb and s.key not in on_cpu]
+        rw.append(new(_gpu_adam(gpu_params, tensors, plan), kept))
     returns = not setup.params  # else the next step fetches the updated parameters
     barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
     prev = None
     later: list[New] = []
-    for arrived, params, run in arrivals:
+    for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        chain = [New(_cpu_adam("cpu_adamw", params, setup, main_thread), deps, run.layer, last_mb)]
+        chain = [New(_cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
             chain.append(New(_cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
-                             run.layer, last_mb))
+                             src.layer, last_mb))
         prev = chain[-1]
         if returns:
             nbytes = params * widths.param
             chain.append(New(_copy("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
                                    _bucket_count(nbytes, setup, widths.latency_rate_h2d),
-                                   superoffload and duplex_bwd), [prev], run.layer, last_mb))
+                                   superoffload and duplex_bwd), [prev], src.layer, last_mb))
             if widths.param_gpu_cast:
-                chain.append(New(_gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], run.layer, last_mb))
+                chain.append(New(_gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
         for n in chain:
             _price_once(n, price)
         if superoffload:
@@ -520,7 +608,7 @@ def _optimizer(rw, by_mb, graph, plan, facts, setup, new, grad_width, duplex_bwd
             # back are queued after backward's own host-to-device traffic
             cpu_part = [n for n in chain if n.op.resource == "cpu"]
             for n in cpu_part:
-                rw.insert_after(run.last, n)
+                rw.insert_after(src.after, n)
             later.extend(n for n in chain if n.op.resource != "cpu")
         else:
             for n in chain:  # tile by tile: each layer's copy leaves while the CPU updates the next
@@ -606,16 +694,17 @@ def _transfer_widths(setup: OffloadSetup, grad_width: float, facts: StepFacts, p
     return Widths(g_link, p_link, g_gpu, grad_cpu_cast, param_cpu_cast, p_gpu, lat_d2h, lat_h2d)
 
 
-def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan) -> None:
+def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready: list[int]) -> None:
     """Plain PyTorch after backward (validation/harness/train_step.py): every gradient copied to
     pinned host memory on the compute stream, a sync, torch's AdamW on the CPU, the
-    parameters copied back, a sync. Gradients stay allocated on the GPU (p.grad)."""
+    parameters copied back, a sync. Gradients stay allocated on the GPU (p.grad).
+    `ready`: ops after which every gradient is final (the last reductions, with several GPUs)."""
     if gpu_params > 0:
-        rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan), []))
+        rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan), ready))
     if cpu_params <= 0:
         return
     tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
-    d2h = rw.append(new(_copy("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors), []))
+    d2h = rw.append(new(_copy("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors), ready))
     d2h.op.host_waits = True
     adam = rw.append(new(_cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
     width = facts.gpu_param_width

@@ -22,10 +22,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ghsim.cost.hostlink import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
 from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
+from ghsim.graph.offload import GradSource, RankHooks, StepFacts, apply_offload_mapped, sync_activation_offload
+from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.step import (
     ParamCounts,
@@ -40,7 +42,7 @@ from ghsim.graph.step import (
 from ghsim.graph.transformer import Dtypes, LayerSplit
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan
+from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 # Gradient buckets, by framework (bytes of gradients reduced per collective call).
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25), the default
@@ -122,9 +124,11 @@ def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     if v > 1 and plan.grad_accum % pp:
         raise GhsimError(f"interleaved pipelining needs micro-batches per step ({plan.grad_accum}) to be a "
                          f"multiple of --pp {pp}")
-    if plan.offload - {"optimizer", "grads"} or plan.unified_memory:
-        raise GhsimError("with more than one GPU only --offload optimizer is simulated (parameter and activation "
-                         "offload and unified memory are single-GPU for now)")
+    if "params" in plan.offload and plan.dp > 1 and plan.zero < 3:
+        raise GhsimError(f"--offload params with {plan.dp} data-parallel ranks needs --zero 3 (ZeRO-Infinity and "
+                         "FSDP offload each rank's parameter shard; unsharded replicas are not offloaded)")
+    if plan.unified_memory:
+        raise GhsimError("--unified-memory is simulated on one GPU only (with several GPUs use --offload)")
     if plan.sequence_parallel and (plan.micro_batch * plan.seq) % tp:
         raise GhsimError(f"sequence parallelism needs tokens per micro-batch divisible by --tp {tp}")
 
@@ -225,6 +229,16 @@ class ChunkParams:
     params: float  # parameters one rank holds for the chunk
     trainable: float
     layer_bytes: float  # one layer's working-precision parameters (what ZeRO-3 gathers)
+    layer_trainable: float = 0.0  # trainable parameters of one of its layers
+    embedding_trainable: float = 0.0
+    head_trainable: float = 0.0  # final norm and LM head
+    embedding_params: float = 0.0
+    head_params: float = 0.0
+
+    @property
+    def layer_share(self) -> float:
+        """Share of the chunk's parameters inside its decoder layers."""
+        return 1.0 - (self.embedding_params + self.head_params) / self.params if self.params else 0.0
 
 
 def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk) -> ChunkParams:
@@ -232,16 +246,13 @@ def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk) -> 
     per_layer = local.layer_params
     counts = param_counts(local, plan)
     trainable_per_layer = counts.trainable / local.num_layers if plan.lora_rank else per_layer
-    params = chunk.layers * per_layer
-    trainable = chunk.layers * trainable_per_layer
-    if chunk.first:
-        params += local.embedding_params
-        trainable += 0 if plan.lora_rank else local.embedding_params
-    if chunk.last:
-        head = local.lm_head_params + local.hidden_size * (2 if local.norm == "layernorm" else 1)
-        params += head
-        trainable += 0 if plan.lora_rank else head
-    return ChunkParams(params, trainable, per_layer * Dtypes.of(plan).param)
+    emb = local.embedding_params if chunk.first else 0.0
+    head = local.lm_head_params + local.hidden_size * (2 if local.norm == "layernorm" else 1) if chunk.last else 0.0
+    params = chunk.layers * per_layer + emb + head
+    emb_t, head_t = (0.0, 0.0) if plan.lora_rank else (emb, head)
+    trainable = chunk.layers * trainable_per_layer + emb_t + head_t
+    return ChunkParams(params, trainable, per_layer * Dtypes.of(plan).param, trainable_per_layer, emb_t, head_t,
+                       emb, head)
 
 
 @dataclass(frozen=True)
@@ -302,20 +313,6 @@ def _grad_bytes(template: list[Op]) -> float:
     return sum(max(0.0, (op.hbm_by_tag or {}).get("grads", 0.0)) for op in template)
 
 
-def _offloaded_optimizer(plan: Plan, counts: ParamCounts) -> list[Op]:
-    """ZeRO-Offload, synchronous: this rank's reduced gradient shard goes to pinned host
-    memory, the CPU AdamW updates its fp32 masters, the working parameters come back."""
-    P, dt = counts.trainable, Dtypes.of(plan)
-    return [
-        Op(name="grads.d2h", category=K.COPY, kind=K.D2H, resource="d2h", bytes=P * dt.grad, phase="opt",
-           kernels=0),
-        Op(name="cpu_adamw", category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=P, deps=(0,), host_waits=True,
-           phase="opt", kernels=0, variant=VECTOR_CPU_ADAM if plan.framework == Framework.DEEPSPEED else TORCH_CPU_ADAM),
-        Op(name="params.h2d", category=K.COPY, kind=K.H2D, resource="h2d", bytes=P * dt.param, deps=(1,),
-           host_waits=True, phase="opt", kernels=0),
-    ]
-
-
 def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
     if plan.framework == Framework.TORCH_AMP:
         return DDP_BUCKET_BYTES
@@ -333,13 +330,21 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     step's last micro-batch: every gradient reduced, then the optimizer and (ZeRO-1/2)
     the all-gather of the updated parameters.
 
+    With offload, graph/offload.py weaves this rank's copies and CPU work into the
+    micro-batch (the same schedules as on one GPU): its gradient shards leave after
+    their reduction, its optimizer shard runs on its share of the host, its
+    activations and (ZeRO-Infinity) parameter shards cross its host link.
+
     `price` gives compute (and in-layer collective) durations, called once per
     template op; `comm_time` prices the data-parallel collectives built here.
     """
     local = rank_shard(model, layout)
     split = layout.split()
     dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
-    fwd, bwd, cache_bytes, _saved = _layer_templates(local, plan, split)
+    offload = resolve_offload(plan)
+    fwd, bwd, cache_bytes, saved_per_layer = _layer_templates(local, plan, split)
+    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
+        fwd, bwd = sync_activation_offload(fwd, bwd, local, plan, saved_per_layer)  # torch's save_on_cpu
     # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
     # weights are gathered per layer and their copies go with the gathered buffer
     zero3_cache = cache_bytes if (plan.zero >= 3 and layout.dp > 1) else 0.0
@@ -360,6 +365,11 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     bucket = bucket_bytes(plan, layer_grads)
     grad_kind = ALL_REDUCE if zero == 0 else REDUCE_SCATTER
     gather_kind = ALL_GATHER
+    # offloaded gradients leave as they are reduced (ZeRO-2/3: every micro-batch; ZeRO-0/1: the last),
+    # or with one data-parallel rank as backward makes them; the host accumulates them
+    streams = offload.streams_gradients
+    per_microbatch = streams and (dp == 1 or zero >= 2)
+    accumulate = plan.grad_accum > 1 and (not final or per_microbatch)  # a non-first micro-batch's
 
     rg = _RankGraph()
     L = chunk.layers
@@ -376,10 +386,10 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     all_grads = _grad_bytes(bwd) * L + _grad_bytes(emb_bwd) + _grad_bytes(loss_bwd)
     lazy_shards = zero >= 2 and not persistent_grad_shards(plan, dp)
     earlier = final and plan.grad_accum > 1  # memory replay: earlier micro-batches left gradients behind
-    fresh_grads = not earlier or zero >= 2
+    fresh_grads = not earlier or zero >= 2 or per_microbatch
     if not fresh_grads:  # the full gradients, accumulated
         rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads))
-    elif earlier and lazy_shards:  # the gradient shards, accumulated
+    elif earlier and lazy_shards and not streams:  # the gradient shards, accumulated
         rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads / dp))
     # --- forward -------------------------------------------------------------------------
     if emb_fwd:
@@ -388,13 +398,14 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     else:
         rg.g.add(_marker("input.received", "fwd").change_hbm("activations", x_bytes))
     gathers: dict[int, int] = {}
+    gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
 
     def zero3_gather(layer: int, after: int | None, phase: str) -> None:
         op = _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes,
                    comm_time(gather_kind, cp.layer_bytes, "dp", 1), phase,
                    deps=(after,) if after is not None and after >= 0 else ())
         op.change_hbm("gathered_params", cp.layer_bytes)
-        gathers[layer] = rg.g.add(op)
+        gathers[layer] = gathered[(phase, layer)] = rg.g.add(op)
 
     def zero3_release(phase: str) -> None:
         op = _marker("zero3.release", phase).change_hbm("gathered_params", -cp.layer_bytes)
@@ -427,26 +438,35 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
             rg.g.add(_marker("autocast.release", "fwd").change_hbm("weight_copies", -cache_bytes * L))
         rg.g.add(_marker("output.sent", "fwd").change_hbm("activations", -x_bytes))
     fwd_last = rg.last
-    saved = sum(op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in rg.g.ops)
 
     # --- backward ------------------------------------------------------------------------
     if not loss_bwd:
         rg.g.add(_marker("grad.received", "bwd").change_hbm("activation_grads", g_bytes))
     else:
-        rg.extend(loss_bwd)
+        _, loss_last = rg.extend(loss_bwd)
         tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE,
                       T * h * (4 if dt.autocast_casts else dt.act), "bwd")
-    pending_grads = 0.0
+    sources: list[GradSource] = []  # where gradients are ready to leave for the host, in backward order
+    if loss_bwd and dp == 1:
+        sources.append(GradSource(loss_last, cp.head_trainable, _grad_bytes(loss_bwd), ("loss",), -1, 0, accumulate))
+    # the LM head's gradients come first in backward and go in the first bucket (DDP and DeepSpeed
+    # fill buckets as gradients become ready); FSDP reduces them with its root unit, after the rest
+    head_first = plan.framework != Framework.FSDP_MIXED
+    pending_grads, pending_params = 0.0, 0.0
+    if loss_bwd and reducing and head_first:
+        pending_grads, pending_params = _grad_bytes(loss_bwd), cp.head_trainable
     last_dp = -1
 
-    def reduce_grads(nbytes: float, after: int, phase: str) -> None:
+    def reduce_grads(nbytes: float, params: float, after: int, phase: str) -> None:
         nonlocal last_dp
         calls = max(1, math.ceil(nbytes / bucket - 1e-9))
         op = _comm(f"grads.{grad_kind}", grad_kind, "dp", nbytes, comm_time(grad_kind, nbytes, "dp", calls),
                    phase, calls=calls, deps=(after,))
-        if zero >= 2:  # the full gradients of the bucket give way to this rank's shard
-            op.change_hbm("grads", -nbytes + (nbytes / dp if lazy_shards and not earlier else 0.0))
+        if zero >= 2:  # the full gradients of the bucket give way to this rank's shard (or leave for the host)
+            op.change_hbm("grads", -nbytes + (nbytes / dp if lazy_shards and not earlier and not streams else 0.0))
         last_dp = rg.g.add(op)
+        sources.append(GradSource(last_dp, params, 0.0 if zero >= 2 else nbytes, ("bucket", len(sources)), -1, 0,
+                                  accumulate, "dp"))
 
     bwd_ends: list[int] = []
     for k, layer in enumerate(reversed(range(L))):
@@ -460,42 +480,65 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         bwd_ends.append(last)
         if zero == 3:
             zero3_release("bwd")
+        if dp == 1:
+            sources.append(GradSource(last, cp.layer_trainable, layer_grads, ("layer", layer), layer, 0, accumulate))
         if reducing:
             pending_grads += layer_grads
+            pending_params += cp.layer_trainable
             if pending_grads >= bucket:
-                reduce_grads(pending_grads, last, "bwd")
-                pending_grads = 0.0
+                reduce_grads(pending_grads, pending_params, last, "bwd")
+                pending_grads = pending_params = 0.0
     if emb_bwd:
         if sp:
             tp_collective("embedding.all_gather.bwd", ALL_GATHER, tp_bytes, "bwd")
         rg.extend(emb_bwd)
+        if dp == 1:
+            sources.append(GradSource(rg.last, cp.embedding_trainable, _grad_bytes(emb_bwd), ("embedding",), -1, 0,
+                                      accumulate))
         if reducing:
             pending_grads += _grad_bytes(emb_bwd)
+            pending_params += cp.embedding_trainable
     else:
         rg.g.add(_marker("grad.sent", "bwd").change_hbm("activation_grads", -g_bytes))
-    if loss_bwd and reducing:
+    if loss_bwd and reducing and not head_first:
         pending_grads += _grad_bytes(loss_bwd)
+        pending_params += cp.head_trainable
     if not fresh_grads:
         _accumulate_instead_of_allocating(rg.g, fwd_last + 1)
     bwd_last = max(i for i in range(len(rg.g)) if rg.g.ops[i].resource == "gpu")
     tail_first = len(rg.g)
     if reducing and pending_grads > 0:
-        reduce_grads(pending_grads, bwd_last, "bwd")
+        reduce_grads(pending_grads, pending_params, bwd_last, "bwd")
+    if offload.any:  # the end of backward, as an op the rewrite keeps in place
+        rg.g.add(_marker("backward.end", "bwd"))
 
     # --- optimizer ---------------------------------------------------------------------
-    if final:
+    opt_last = -1
+    if final and not offload.optimizer:
         shard = dp if zero >= 1 else 1
         counts = ParamCounts(cp.params, cp.trainable / shard, max(1, round(param_counts(local, plan).n_tensors
                                                                        * max(L, 1) / local.num_layers)))
-        opt = _offloaded_optimizer(plan, counts) if "optimizer" in plan.offload else _optimizer_ops(local, plan, counts)
+        opt = _optimizer_ops(local, plan, counts)
         for op in opt:
             op.duration = price(op)
         if last_dp >= 0:
             rg.wait_before(last_dp)
         _, opt_last = rg.extend(opt)
-        if 1 <= zero <= 2:  # updated parameter shards go back to every rank
-            nbytes = cp.params * StateBytes.of(plan).params
-            rg.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes,
-                         comm_time(ALL_GATHER, nbytes, "dp", max(1, math.ceil(nbytes / bucket - 1e-9))),
-                         "opt", deps=(opt_last,)))
-    return MicrobatchGraph(rg.g, fwd_last, bwd_last, tail_first, saved)
+    g = rg.g
+    if offload.any:
+        facts = StepFacts(trainable=cp.trainable,
+                          n_tensors=max(1, round(param_counts(local, plan).n_tensors * max(L, 1) / local.num_layers)),
+                          saved_per_layer=offload_saved_bytes(plan, saved_per_layer, x_bytes),
+                          gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
+        hooks = RankHooks(tuple(sources) if final or per_microbatch else (), gathered, final, bool(loss_bwd))
+        g, moved = apply_offload_mapped(g, local, plan, facts, price, hooks)
+        fwd_last, bwd_last, tail_first = moved[fwd_last], moved[bwd_last], moved[tail_first]
+    if final and 1 <= zero <= 2:  # updated parameter shards go back to every rank
+        after = ([i for i, op in enumerate(g.ops) if op.phase == "opt" or op.resource == "dp"] if offload.optimizer
+                 else [opt_last])
+        nbytes = cp.params * StateBytes.of(plan).params
+        g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes,
+                    comm_time(ALL_GATHER, nbytes, "dp", max(1, math.ceil(nbytes / bucket - 1e-9))),
+                    "opt", deps=tuple(after)))
+    saved = sum(op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in g.ops[:fwd_last + 1])
+    return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, saved)
