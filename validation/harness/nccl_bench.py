@@ -7,10 +7,19 @@ Writes validation/microbench/<name>.json:
   {"meta": {...}, "collectives": [{"op", "world_size", "bytes", "dtype", "time_s",
    "algbw_gbps", "busbw_gbps"}], "p2p": [{"src", "dst", "bytes", "time_s", "gbps", "how"}]}
 bytes is the per-rank buffer size (all_reduce: the tensor; all_gather: the
-gathered output; reduce_scatter: the input).  algbw = bytes/time; busbw as in
-nccl-tests: all_reduce algbw*2(n-1)/n, all_gather and reduce_scatter
-algbw*(n-1)/n.  Times: CUDA events around `iters` back-to-back collectives
-after warm-up, maximum over ranks of the per-rank median.
+gathered output; reduce_scatter: the input; all_to_all: the input (=output) of
+all_to_all_single with equal splits; sendrecv: the tensor each rank sends to
+rank+1 while receiving one from rank-1, one batch_isend_irecv, i.e. both
+directions of every link at once).  algbw = bytes/time; busbw as in
+nccl-tests: all_reduce algbw*2(n-1)/n, all_gather, reduce_scatter and
+all_to_all algbw*(n-1)/n, sendrecv algbw.  Times: CUDA events around `iters`
+back-to-back collectives after warm-up, maximum over ranks of the per-rank median.
+
+--ops picks the collectives (default all_reduce,all_gather,reduce_scatter,peer_copy,
+as the first 2-GPU sweep); peer_copy is the single-process tensor.copy_ between
+devices 0 and 1 (rank 0 alone).  E.g. for 4 or 8 GPUs:
+    torchrun --standalone --nproc_per_node 8 validation/harness/nccl_bench.py --name h200-x8-nccl \
+        --ops all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv,peer_copy --budget 150
 """
 from __future__ import annotations
 
@@ -34,7 +43,9 @@ def main():
     ap.add_argument("--budget", type=float, default=90)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=str(REPO / "validation" / "microbench"))
+    ap.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,peer_copy")
     a = ap.parse_args()
+    ops = set(a.ops.split(","))
     cuda = torch.cuda.is_available() and not a.tiny
     rank = int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -49,6 +60,7 @@ def main():
                     "torch": torch.__version__, "cuda": str(torch.version.cuda),
                     "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
                     "date": _dt.date.today().isoformat(),
+                    "ops": sorted(ops),
                     "env": {k: os.environ.get(k, "") for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")},
                     "method": "torch.distributed (NCCL) bf16 collectives, CUDA events around back-to-back calls after warm-up, "
                               "median of reps per rank, max over ranks; busbw factors as in nccl-tests"},
@@ -93,23 +105,33 @@ def main():
             continue
         n = nb // es
         x = torch.randn(n, device=dev, dtype=dt)
-        t = timeit(lambda: dist.all_reduce(x), nb)
-        res["collectives"].append({"op": "all_reduce", "world_size": ws, "bytes": nb, "dtype": "bf16", "time_s": t,
-                                   "algbw_gbps": nb / t / 1e9, "busbw_gbps": nb / t / 1e9 * 2 * (ws - 1) / ws})
         out = torch.empty(n, device=dev, dtype=dt)
         shard = torch.randn(n // ws, device=dev, dtype=dt)
-        t = timeit(lambda: dist.all_gather_into_tensor(out, shard), nb)
-        res["collectives"].append({"op": "all_gather", "world_size": ws, "bytes": nb, "dtype": "bf16", "time_s": t,
-                                   "algbw_gbps": nb / t / 1e9, "busbw_gbps": nb / t / 1e9 * (ws - 1) / ws})
-        t = timeit(lambda: dist.reduce_scatter_tensor(shard, x), nb)
-        res["collectives"].append({"op": "reduce_scatter", "world_size": ws, "bytes": nb, "dtype": "bf16", "time_s": t,
-                                   "algbw_gbps": nb / t / 1e9, "busbw_gbps": nb / t / 1e9 * (ws - 1) / ws})
+
+        def rec(op, t, factor):
+            res["collectives"].append({"op": op, "world_size": ws, "bytes": nb, "dtype": "bf16", "time_s": t,
+                                       "algbw_gbps": nb / t / 1e9, "busbw_gbps": nb / t / 1e9 * factor})
+        if "all_reduce" in ops:
+            rec("all_reduce", timeit(lambda: dist.all_reduce(x), nb), 2 * (ws - 1) / ws)
+        if "all_gather" in ops:
+            rec("all_gather", timeit(lambda: dist.all_gather_into_tensor(out, shard), nb), (ws - 1) / ws)
+        if "reduce_scatter" in ops:
+            rec("reduce_scatter", timeit(lambda: dist.reduce_scatter_tensor(shard, x), nb), (ws - 1) / ws)
+        if "all_to_all" in ops:
+            rec("all_to_all", timeit(lambda: dist.all_to_all_single(out, x), nb), (ws - 1) / ws)
+        if "sendrecv" in ops and ws > 1:
+            nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+
+            def sr():
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, out, prv)]):
+                    w.wait()
+            rec("sendrecv", timeit(sr, nb), 1.0)
         del x, out, shard
         if cuda:
             torch.cuda.empty_cache()
     dist.barrier()
     # P2P: rank 0 alone copies between the two devices (direct cudaMemcpyPeer via tensor.copy_)
-    if cuda and rank == 0 and torch.cuda.device_count() >= 2:
+    if cuda and rank == 0 and torch.cuda.device_count() >= 2 and "peer_copy" in ops:
         res["meta"]["can_access_peer_0_1"] = torch.cuda.can_device_access_peer(0, 1)
         for nb in [1 << 20, 16 << 20, 256 << 20, 1 << 30]:
             for src, dst in ((0, 1), (1, 0)):
