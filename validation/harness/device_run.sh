@@ -9,6 +9,8 @@
 # Results are written under $RES/validation/ (default RES=/tmp/ghsim_results; only new files)
 # and packed into $OUT/results.tgz (parts of 15 MB if larger: results.tgz.part-*) plus $OUT/run.log;
 # unpack at the repository root: tar xzf results.tgz (or cat results.tgz.part-* | tar xzf -).
+# ONLY=name1,name2 runs only those cases of the list (e.g. the rest of a list in a second call;
+# MICROBENCH_BUDGET 0 skips the microbenchmarks / NCCL sweep altogether).
 M=$1; MB=$2; TOTAL=$3; TINY=$4
 START=$(date +%s)
 export PYTHONUNBUFFERED=1
@@ -26,7 +28,7 @@ nccl() {  # nprocs name ops
   timeout $((MB+60)) $PY -m torch.distributed.run --standalone --nproc_per_node $1 \
       validation/harness/nccl_bench.py --name $2 --ops $3 --budget $MB --out "$V/microbench" $TINY
 }
-case $M in
+[ "$MB" -gt 0 ] && case $M in
   h200x2)     nccl 2 h200-x2-nccl all_reduce,all_gather,reduce_scatter,peer_copy ;;
   h200x2-par) nccl 2 h200-x2-nccl-a2a all_to_all,sendrecv ;;
   h200x4)     nccl 4 h200-x4-nccl $ALLOPS ;;
@@ -35,7 +37,7 @@ case $M in
 esac
 NOW=$(date +%s); LEFT=$(( TOTAL - (NOW - START) ))
 echo "== cases: $LEFT s left"
-timeout $((LEFT+20)) $PY validation/harness/cases.py --machine $M --budget $LEFT --out "$V/cases" $TINY
+timeout $((LEFT+20)) $PY validation/harness/cases.py --machine $M --budget $LEFT --out "$V/cases" ${ONLY:+--only $ONLY} $TINY
 echo "== packing after $(( $(date +%s) - START )) s"
 tar czf "$OUT/results.tgz" -C "$RES" validation
 if [ $(stat -c %s "$OUT/results.tgz") -gt 15000000 ]; then

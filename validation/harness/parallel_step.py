@@ -438,7 +438,7 @@ class ParRunner:
                 loss.backward()
             g = self.model.layers[0].self_attn.q_proj.weight.grad.full_tensor()
             g_ref = ref.layers[0].self_attn.q_proj.weight.grad
-            res = {"loss": float(loss), "loss_ref": float(loss_ref),
+            res = {"loss": float(loss.detach()), "loss_ref": float(loss_ref.detach()),
                    "q_proj_grad_rel_err": float((g - g_ref).norm() / g_ref.norm())}
             ok = abs(res["loss"] - res["loss_ref"]) < 1e-4 and res["q_proj_grad_rel_err"] < 1e-4
         elif mode == "ep":
