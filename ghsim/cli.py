@@ -68,7 +68,13 @@ def plan_options(f: Callable) -> Callable:
         click.option("--dataloader-workers", type=int, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
         click.option("--batch-prep-ms", type=float, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
         click.option("--optimizer-impl", type=click.Choice(["foreach", "fused"]), default=None),
-        click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed"]), default=None),
+        click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed", "megatron",
+                                                       "megatron-legacy"]), default=None,
+                     help="Whose precision semantics and kernels the step follows: torch-amp (fp32 params, "
+                          "autocast; eager kernels), fsdp-mixed and deepspeed (16-bit working weights, fp32 "
+                          "masters; eager kernels), megatron (the same, with fused kernels: one per norm, "
+                          "activation, rotary and loss, flash attention, fused Adam), megatron-legacy (Megatron-LM "
+                          "of 2021-22: fused kernels, softmax attention between batched GEMMs)."),
         click.option("--plan", "plan_file", type=click.Path(), default=None, help="plan.toml (flags override it)."),
         click.option("--deepspeed", "ds_file", type=click.Path(), default=None, help="DeepSpeed ds_config.json."),
     ]

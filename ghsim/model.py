@@ -35,6 +35,9 @@ class ModelSpec:
     position: str = "rope"  # rope | learned
     max_seq_len: int = 4096
     moe: MoESpec | None = None
+    # hidden and attention dropout probability in training (Megatron's --hidden-dropout and
+    # --attention-dropout); the fused-kernel builder prices its masks and kernels, eager ignores it
+    dropout: float = 0.0
 
     # --- parameter counts (elements) -------------------------------------
     @property
@@ -170,6 +173,9 @@ def model_from_dict(d: dict[str, Any], where: str, default_name: str = "custom")
     tie = d.get("tie_embeddings", False)
     if not isinstance(tie, bool):
         raise GhsimError(f"{where}: 'tie_embeddings' must be true or false")
+    dropout = d.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise GhsimError(f"{where}: 'dropout' must be a number in [0, 1), got {dropout!r}")
     return ModelSpec(
         name=str(d.get("name", default_name)),
         hidden_size=hidden,
@@ -185,6 +191,7 @@ def model_from_dict(d: dict[str, Any], where: str, default_name: str = "custom")
         position=_choice(d, "position", ("rope", "learned"), where),
         max_seq_len=_positive_int(d, "max_seq_len", where) if "max_seq_len" in d else 4096,
         moe=moe,
+        dropout=float(dropout),
     )
 
 

@@ -40,12 +40,36 @@ class Framework(str, Enum):
     TORCH_AMP = "torch-amp"  # fp32 params; autocast casts weights to bf16 in every forward
     FSDP_MIXED = "fsdp-mixed"  # fp32 masters sharded; bf16 working copies gathered per layer
     DEEPSPEED = "deepspeed"  # fp32 masters in the optimizer; bf16 params cast once per step
+    # Megatron-LM (and NeMo, TransformerEngine): bf16/fp16 working weights, fp32 masters in the
+    # optimizer, and fused kernels (one kernel per norm, activation, rotary, loss; flash attention;
+    # fused Adam): ghsim/graph/transformer.py, "Fused kernels"
+    MEGATRON = "megatron"
+    # Megatron-LM as the 2021-22 papers ran it (Narayanan et al. 2021, Korthikanti et al. 2022):
+    # the same fused kernels, but attention as two batched GEMMs around the fused
+    # scale-mask-softmax (no flash attention) and the cross entropy in PyTorch ops on fp32 logits
+    MEGATRON_LEGACY = "megatron-legacy"
+
+    @property
+    def fused_kernels(self) -> bool:
+        """Whether the step runs fused kernels (Megatron-style) rather than eager PyTorch ops."""
+        return self in (Framework.MEGATRON, Framework.MEGATRON_LEGACY)
+
+    @property
+    def flash_attention(self) -> bool:
+        """Attention as one flash kernel (PyTorch SDPA, TransformerEngine) rather than
+        batched GEMMs around a softmax kernel that keeps the s x s probabilities."""
+        return self is not Framework.MEGATRON_LEGACY
+
+    @property
+    def fused_cross_entropy(self) -> bool:
+        """The loss as one fused vocab-parallel cross-entropy kernel each way."""
+        return self is Framework.MEGATRON
 
 
 class OffloadSchedule(str, Enum):
     """How offloaded state moves and where its work runs (ghsim/graph/offload.py)."""
 
-    AUTO = "auto"  # sync for torch-amp and fsdp-mixed, overlapped for deepspeed
+    AUTO = "auto"  # sync for torch-amp, fsdp-mixed and megatron, overlapped for deepspeed
     SYNC = "sync"  # as plain PyTorch does it: save_on_cpu, copies on the compute stream, no overlap
     OVERLAPPED = "overlapped"  # ZeRO-Offload/Infinity: copy streams, bucketed grads, prefetch
     SUPEROFFLOAD = "superoffload"  # Lian et al. 2025: per-bucket CPU Adam during backward, GPU tail

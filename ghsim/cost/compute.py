@@ -104,6 +104,16 @@ class CostModel:
             t = t_ref * self.cal.ref_peak_flops[dtype] / self.hw.peak_flops[dtype]
         return max(t, self.cal.min_kernel_s)
 
+    def batched_gemm_time(self, op: Op) -> float:
+        """A batched GEMM (softmax attention's QK^T and PV: one small GEMM per head), priced as
+        the GEMM of its stacked shape. The measured GEMM table has no shape this skinny (k or n
+        is the head size), and its nearest points can extrapolate past what memory allows, so
+        the time is held to at least the measured device-copy time of the GEMM's minimal bytes
+        (op.bytes: every operand read once, the output written once) and the target's peak."""
+        m, n, k = op.shape
+        floor = max(self.membound_time(op.bytes, "copy"), op.flops / self.hw.peak_flops[op.dtype])
+        return max(self.gemm_time(m, n, k, op.dtype), floor)
+
     def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool, dtype: str = "bf16") -> float:
         """SDPA as PyTorch runs it by default: cuDNN/flash in bf16; in fp32 the memory-efficient
         kernel, or the math path for GQA (the calibration's rows carry that)."""
@@ -144,6 +154,10 @@ class CostModel:
             # the extra chunk launches of each call cost a bare launch
             calls = min(op.kernels, FOREACH_ADAMW_CALLS if op.variant == "foreach" else FUSED_ADAMW_CALLS)
             return calls * self.launch.opt_s + (op.kernels - calls) * self.hw.kernel_launch_s
+        if op.kind == K.MEMBOUND and op.category == "optimizer":
+            # a fused optimizer's other multi-tensor passes (Megatron's gradient norm, master copy):
+            # one call each, its further chunk launches at a bare launch
+            return self.launch.opt_s + max(op.kernels - 1, 0) * self.hw.kernel_launch_s
         return op.kernels * self.launch.per_kernel(op.phase)
 
     def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:
@@ -157,6 +171,8 @@ class CostModel:
         kind = op.kind
         if kind == K.GEMM:
             m, n, k = op.shape
+            if op.variant == "batched":
+                return self.batched_gemm_time(op)
             return self.gemm_time(m, n, k, op.dtype)
         if kind == K.ATTN_FWD:
             return self.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype)

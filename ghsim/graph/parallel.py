@@ -316,6 +316,10 @@ def _grad_bytes(template: list[Op]) -> float:
 def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
     if plan.framework == Framework.TORCH_AMP:
         return DDP_BUCKET_BYTES
+    if plan.framework in (Framework.MEGATRON, Framework.MEGATRON_LEGACY):
+        # Megatron-LM reduces its contiguous gradient buffer once the backward of the step's last
+        # micro-batch is done (--overlap-grad-reduce is off by default): one bucket, not overlapped
+        return math.inf
     if plan.framework == Framework.DEEPSPEED:
         return DEEPSPEED_BUCKET_ELEMENTS * Dtypes.of(plan).grad
     return layer_grad_bytes  # FSDP: one unit per layer

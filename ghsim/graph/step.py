@@ -12,8 +12,9 @@ from typing import Callable
 
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
-from ghsim.graph.optimizer import gpu_adamw
+from ghsim.graph.optimizer import adamw_launches, gpu_adamw
 from ghsim.graph.transformer import (
+    LEARNED_POSITION_FWD_KERNELS,
     RMSNORM_BWD_KERNELS,
     RMSNORM_FWD_KERNELS,
     LayerBuilder,
@@ -45,6 +46,8 @@ def param_counts(model: ModelSpec, plan: Plan) -> ParamCounts:
         per_layer = r * ((h + q) + 2 * (h + kv) + (q + h)) + r * m.mlp_matrices * (h + f)
         return ParamCounts(model.total_params, m.num_layers * per_layer, m.num_layers * 2 * (4 + m.mlp_matrices))
     per_layer_tensors = 4 + model.mlp_matrices + 2
+    if plan.framework.fused_kernels:  # fused QKV and fc1 weights; LayerNorm has weight and bias
+        per_layer_tensors = 4 + 2 * (2 if model.norm == "layernorm" else 1)
     return ParamCounts(model.total_params, model.total_params, model.num_layers * per_layer_tensors + 3)
 
 
@@ -78,6 +81,8 @@ def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSpli
 
 def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     """Final norm, LM head and cross-entropy over fp32 logits: forward and backward."""
+    if plan.framework.fused_kernels:
+        return _fused_loss_ops(model, plan)
     b = LayerBuilder(model, plan)
     T, h, V = b.T, model.hidden_size, model.vocab_size
     dt = b.dt
@@ -135,8 +140,69 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     return fwd, b.ops
 
 
+def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
+    """The loss as Megatron runs it: fused final norm, the LM head GEMM on 16-bit logits, and
+    one fused vocab-parallel cross-entropy kernel each way (transformer.py, "Fused kernels");
+    megatron-legacy runs the cross entropy as PyTorch ops on fp32 logits, priced as eager.
+
+    The cross entropy reads the logits once and keeps the fp32 softmax for backward (Megatron
+    casts the logits to fp32 and computes the softmax in place); its backward reads the softmax
+    once and writes the 16-bit logit gradient. The per-token max, sum and target logit are
+    all-reduced over the tensor-parallel ranks (graph/parallel.py)."""
+    b = LayerBuilder(model, plan)
+    T, h, V = b.T, model.hidden_size, model.vocab_size
+    dt = b.dt
+    rs, act = dt.residual, dt.act
+    b.t.live["x"] = T * h * rs
+    b._fused_norm_fwd("final_norm", "fn", rs, T)
+    gemm_dt = "bf16" if dt.gemm == "fp8" else dt.gemm  # the LM head stays in bf16 under fp8
+    b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
+    fused_ce = plan.framework.fused_cross_entropy
+    if fused_ce:
+        b.fused_op("cross_entropy", T * V * (act + 4), 1, "norm_reduction", creates={"lsm": T * V * 4},
+                   frees=["logits"])
+    else:  # megatron-legacy: logits.float(), then the cross entropy in PyTorch ops (the eager curves)
+        logits = "logits"
+        if act != 4:
+            b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+                  creates={"logits32": T * V * 4}, frees=["logits"])
+            logits = "logits32"
+        b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, "norm_reduction", creates={"lsm": T * V * 4},
+              frees=[logits])
+    fwd = b.ops
+    b.ops = []
+    b.phase = "bwd"
+    if fused_ce:
+        b.fused_op("cross_entropy.bwd", T * V * (4 + act), 1, "norm_reduction", creates={"g_logits": T * V * act},
+                   frees=["lsm"])
+    else:
+        b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, "norm_reduction",
+              creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
+        if act != 4:
+            b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+                  creates={"g_logits": T * V * act}, frees=["g_logits32"])
+        else:
+            b.t.live["g_logits"] = b.t.live.pop("g_logits32")
+    b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
+    if plan.lora_rank:
+        b.t.free(b.ops[-1], ["g_logits"])
+    else:
+        b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=["g_logits"])
+    stats = b._norm_stats(T)
+    n_weights = 2 if model.norm == "layernorm" else 1
+    b.fused_op("final_norm.bwd", T * h * (act + 2 * rs) + stats, 2, "norm_reduction",
+               creates={"g": T * h * rs, **({} if plan.lora_rank else {"grad.final_norm": n_weights * h * dt.grad})},
+               frees=["g_fn", "fn.stats", "fn.out", "x"])
+    return fwd, b.ops
+
+
 def _embedding_fwd(model: ModelSpec, plan: Plan) -> Op:
     T, h, rs = plan.micro_batch * plan.seq, model.hidden_size, LayerBuilder(model, plan).dt.residual
+    if plan.framework.fused_kernels and model.position == "learned":
+        # Megatron's Embedding: word lookup, position lookup, then their sum (three kernels)
+        op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
+                bytes=(2 + 2 + 3) * T * h * rs, kernels=LEARNED_POSITION_FWD_KERNELS, phase="fwd")
+        return op.change_hbm("activations", T * h * rs)
     op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
             bytes=2 * T * h * rs, kernels=1, phase="fwd")
     return op.change_hbm("activations", T * h * rs)
@@ -150,6 +216,15 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
         op = Op(name="embedding.grad_free", category="other", kind=K.MEMBOUND, resource="gpu", variant="copy",
                 kernels=0, phase="bwd")
         return [op.change_hbm("activation_grads", -g)]
+    if plan.framework.fused_kernels:
+        # Megatron: the embedding gradient in the working gradient dtype (its main_grad buffer);
+        # learned positions add the same zero-and-scatter for the position table
+        width = LayerBuilder(model, plan).dt.grad
+        learned = model.position == "learned"
+        op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
+                bytes=V * h * width + 2 * g + (plan.seq * h * width + 2 * g if learned else 0.0),
+                kernels=8 if learned else 4, phase="bwd")
+        return [op.change_hbm("grads", V * h * width).change_hbm("activation_grads", -g)]
     op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
             bytes=V * h * 4 + 2 * g, kernels=4, phase="bwd")
     return [op.change_hbm("grads", V * h * 4).change_hbm("activation_grads", -g)]
@@ -157,7 +232,28 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
 
 def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op]:
     """AdamW on the GPU (offloaded optimizers: graph/offload.py)."""
+    if plan.framework.fused_kernels:
+        return _fused_optimizer_ops(model, plan, counts)
     return [gpu_adamw(f"adamw.{plan.optimizer_impl}", counts.trainable, counts.n_tensors, plan.optimizer_impl)]
+
+
+def _fused_optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op]:
+    """Megatron's optimizer step: the gradient norm for clipping (multi_tensor_l2norm reads every
+    gradient once), fused Adam on the fp32 masters (the measured fused AdamW curve, whatever
+    plan.optimizer_impl says), and, with 16-bit working weights, the updated masters copied
+    into them (multi_tensor_scale: fp32 read once, 16-bit written once). The two extra passes
+    stream at the measured device-copy rate; each is one multi-tensor call, chunked into
+    launches as the AdamW call is."""
+    P, n = counts.trainable, counts.n_tensors
+    dt = LayerBuilder(model, plan).dt
+    launches = adamw_launches(n, P, "fused")
+    ops = [Op(name="optimizer.grad_norm", category="optimizer", kind=K.MEMBOUND, resource="gpu",
+              variant=_dtyped("copy", dt.grad), bytes=P * dt.grad, kernels=launches, phase="opt"),
+           gpu_adamw("adamw.fused", P, n, "fused")]
+    if dt.param < 4 and not plan.lora_rank:
+        ops.append(Op(name="optimizer.copy_to_working", category="optimizer", kind=K.MEMBOUND, resource="gpu",
+                      variant=_dtyped("copy", 4), bytes=P * (4 + dt.param), kernels=launches, phase="opt"))
+    return ops
 
 
 def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> OpGraph:
