@@ -54,11 +54,15 @@ def megatron_flops(model, batch: int, seq: int) -> float:
     return 96 * batch * seq * L * h * h * (1 + seq / (6 * h) + V / (16 * L * h))
 
 
-def narayanan(path: Path) -> list[Row]:
+def narayanan(path: Path, framework: Framework = Framework.MEGATRON_LEGACY) -> list[Row]:
     """Table 1 weak scaling: achieved TFLOP/s per GPU = Eq. 3 FLOPs / (predicted step x GPUs).
 
     Assumptions (not in the table): micro-batch 1, non-interleaved 1F1B, ZeRO off,
-    bf16/fp16 working weights with fp32 masters (ghsim's "deepspeed" semantics).
+    fp16 working weights with fp32 masters and the kernels Megatron-LM ran in 2021
+    (ghsim's "megatron-legacy" framework: fused LayerNorm, bias-GeLU, bias-dropout-add
+    and scale-mask-softmax, Sec. 4.2 of the paper; attention as batched GEMMs, no flash
+    attention); dropout 0.1 (Megatron's default, models/gpt3-*.toml).
+    `framework` swaps the kernel set (RESULTS.md compares them).
     """
     d = read_toml(path)
     hw = load_hardware(d["setup"]["hardware"])
@@ -67,7 +71,7 @@ def narayanan(path: Path) -> list[Row]:
         model = load_model(r["model"])
         plan = Plan(gpus=r["gpus"], tp=r["tp"], pp=r["pp"], global_batch=r["global_batch"], micro_batch=1,
                     seq=d["setup"]["seq"], precision=Precision.FP16, recompute=Recompute.FULL,
-                    framework=Framework.DEEPSPEED)
+                    framework=framework)
         rep, dt = _timed(lambda: simulate(model, hw, plan, keep_timeline=False))
         tflops = megatron_flops(model, r["global_batch"], d["setup"]["seq"]) / (rep.step_time_s * r["gpus"]) / 1e12
         rows.append(Row(path.stem, f"{r['model']} tp{r['tp']} pp{r['pp']} {r['gpus']} GPUs", "TFLOP/s per GPU",
@@ -77,9 +81,11 @@ def narayanan(path: Path) -> list[Row]:
     return rows
 
 
-def korthikanti(path: Path) -> list[Row]:
+def korthikanti(path: Path, framework: Framework = Framework.MEGATRON_LEGACY) -> list[Row]:
     """Table 4 iteration time: full recompute (no sequence parallelism) vs sequence
-    parallelism + selective recompute, with the paper's micro-batch and interleaving."""
+    parallelism + selective recompute, with the paper's micro-batch and interleaving;
+    Megatron-LM's kernels of the time (ghsim's "megatron-legacy" framework: its Table 2
+    counts the stored softmax and dropout masks, i.e. no flash attention)."""
     d = read_toml(path)
     hw = load_hardware(d["setup"]["hardware"])
     rows = []
@@ -91,7 +97,7 @@ def korthikanti(path: Path) -> list[Row]:
             plan = Plan(gpus=r["gpus"], tp=r["tp"], pp=r["pp"], global_batch=r["global_batch"],
                         micro_batch=r["micro_batch"], seq=d["setup"]["seq"], precision=Precision.FP16,
                         recompute=rc, sequence_parallel=sp, pp_interleave=r["interleave"],
-                        framework=Framework.DEEPSPEED)
+                        framework=framework)
             rep, dt = _timed(lambda: simulate(model, hw, plan, keep_timeline=False))
             fit = "" if rep.fits else "; predicted not to fit: " + "; ".join(rep.fit_problems)
             rows.append(Row(path.stem, f"{r['model']} {label}", "iteration s", r[key], rep.step_time_s,
