@@ -100,8 +100,11 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Pareto front of step time vs HBM (PNG).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="The best plan's timeline (Chrome trace).")
 @click.option("--save-plan", "save_file", type=click.Path(), default=None, help="Write the best plan as plan.toml.")
+@click.option("--time-limit", type=float, default=8.0, show_default=True,
+              help="Seconds of simulating before the rest is reported unexplored (0: simulate every survivor).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
 def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
+         time_limit: float,
          calibration_file: str | None, as_json: bool, plot_file: str | None, trace_file: str | None,
          save_file: str | None, progress: bool | None, **kw: Any) -> None:
     """Search the plan space (ZeRO, offload, unified memory, precision, recompute, micro-batch,
@@ -134,8 +137,10 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
         raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
                          f"{', '.join(p.value for p in Precision)}") from None
     space = pin(default_space(model, hw, base, precs), pins)
+    if time_limit < 0:
+        raise GhsimError("--time-limit must not be negative")
     result = search(model, hw, base, space, goal, cal, price, top=top, jobs=jobs or default_jobs(),
-                    progress=ProgressBar(progress))
+                    progress=ProgressBar(progress), time_limit=time_limit)
     base_eval = None
     if baseline is not None:
         from ghsim.search import memo_calibration
@@ -181,3 +186,67 @@ def _write(path: str, text: str) -> None:
         Path(path).write_text(text)
     except OSError as e:
         raise GhsimError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def _csv(value: str, what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise GhsimError(f"{what}: give at least one value")
+    return items
+
+
+@click.command()
+@click.option("--models", required=True, help="Comma list of catalog names or model files.")
+@click.option("--hardware", "hardware_names", default="gh200-96gb,h100-sxm", show_default=True,
+              help="Comma list of hardware profiles.")
+@click.option("--gpus", "gpu_counts", default="1,4,8", show_default=True, help="Comma list of cluster sizes.")
+@click.option("--seq", type=int, default=4096, show_default=True)
+@click.option("--global-batch", type=int, default=0, help="Sequences per step (default: max(32, 4 x gpus)).")
+@click.option("--lora-rank", type=int, default=0)
+@click.option("--objective", default="time", show_default=True, help="time | cost | memory")
+@click.option("--precisions", default="bf16,fp8", show_default=True)
+@click.option("--pin", "pins", default="", help="Plan dimensions fixed in every search, e.g. recompute=full,zero=3.")
+@click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786): run the searches there.")
+@click.option("--jobs", type=int, default=None, help="Local worker processes without --scheduler (default: every core).")
+@click.option("--calibration", "calibration_file", type=click.Path(), default=None,
+              help="Microbenchmark/calibration JSON for every search (default: each profile's set).")
+@click.option("--out", "out_file", type=click.Path(), default=None, help="Write the results (.parquet or .csv).")
+@click.option("--progress/--no-progress", default=None)
+def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_batch: int, lora_rank: int,
+          objective: str, precisions: str, pins: str, scheduler: str | None, jobs: int | None,
+          calibration_file: str | None,
+          out_file: str | None, progress: bool | None) -> None:
+    """Search the best plan for every model x hardware x cluster size (locally or on Dask)."""
+    import pandas as pd
+
+    from ghsim.search import Objective, default_jobs
+    from ghsim.sweep import sweep as run_sweep
+    from ghsim.sweep import pinned_values, tasks_for, write_results
+
+    Objective.parse(objective)
+    try:
+        counts = [int(g) for g in _csv(gpu_counts, "--gpus")]
+    except ValueError:
+        raise GhsimError(f"--gpus: {gpu_counts!r} must be a comma list of integers") from None
+    if any(g < 1 for g in counts):
+        raise GhsimError("--gpus: every cluster size must be at least 1")
+    pinned = []
+    for item in (p for p in pins.split(",") if p.strip()):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise GhsimError(f"--pin: {item!r} must be field=value")
+        pinned.append((key.strip(), value.strip()))
+    pinned_values(dict(pinned))  # a bad field or value fails here, once
+    tasks = tasks_for(_csv(models, "--models"), _csv(hardware_names, "--hardware"), counts, seq=seq,
+                      global_batch=global_batch, lora_rank=lora_rank, objective=objective,
+                      precisions=tuple(_csv(precisions, "--precisions")), pins=tuple(pinned))
+    df = run_sweep(tasks, _calibration(calibration_file), scheduler, jobs or default_jobs(),
+                   ProgressBar(progress, "sweeping"))
+    if out_file:
+        write_results(df, out_file)
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+        shown = df[["model", "hardware", "gpus", "status", "step_time_s", "tokens_per_s", "mfu", "hbm_peak_gb",
+                    "usd_per_mtok", "n_evaluated"]]
+        click.echo(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if out_file:
+        click.echo(f"wrote {out_file} ({len(df)} rows)")

@@ -177,8 +177,6 @@ def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimat
         # only the share whose optimizer stays on the GPU is kept whole
         grads *= 1.0 - plan.offload_ratio
     gpu_opt_share = 1.0 - plan.offload_ratio if "optimizer" in plan.offload else 1.0
-    if "optimizer" in plan.offload and plan.gpus > 1:
-        gpu_opt_share = 0.0  # the multi-GPU simulator offloads the whole optimizer (no split yet): lower reading
     # AdamW's two moments, plus fp32 master weights where the working weights are bf16/fp16
     # (only the multi-GPU simulator keeps masters so far; one GPU: the lower reading)
     master = 4 if dt.param < 4 and not plan.lora_rank and plan.gpus > 1 else 0

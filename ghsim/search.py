@@ -28,7 +28,7 @@ from ghsim.hardware import Hardware
 from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
-from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate
+from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
 from ghsim.search_space import Group, SearchSpace, groups
 from ghsim.simulate import check_fit_to_model
 
@@ -74,7 +74,8 @@ class SearchResult:
 
     @property
     def n_evaluated(self) -> int:
-        return self.n_candidates
+        """Candidates with a verdict (all but those a time limit left unexplored)."""
+        return self.n_candidates - self.count(Status.UNEXPLORED)
 
     @property
     def n_feasible(self) -> int:
@@ -134,9 +135,13 @@ Progress = Callable[[int, int], None]  # (candidates judged so far, all candidat
 def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
            objective: Objective = Objective.TIME, calibration: Calibration | None = None,
            price_per_gpu_hour: float | None = None, top: int = 5, jobs: int = 1,
-           progress: Progress | None = None) -> SearchResult:
-    """Search `space` around `base` (which holds gpus, seq, global batch, LoRA rank)."""
+           progress: Progress | None = None, time_limit: float = 0.0) -> SearchResult:
+    """Search `space` around `base` (which holds gpus, seq, global batch, LoRA rank).
+
+    `time_limit` (seconds, 0: none) stops simulating new plans once reached; what is left
+    is reported as unexplored, with its bound."""
     t0 = time.perf_counter()
+    deadline = t0 + time_limit if time_limit > 0 else math.inf
     price = hw.price_per_gpu_hour if price_per_gpu_hour is None else price_per_gpu_hour
     if objective == Objective.COST and not price > 0:
         raise GhsimError(f"{hw.name} has no price_per_gpu_hour_usd: give --price for --objective cost")
@@ -151,7 +156,25 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
     with _Runner(model, hw, cal, jobs) as runner:
         survivors, same = _collapse_ignored(runner, survivors, tick)
         pruned_plans += same
-        screened = _screen_best_first(runner, survivors, objective, top, tick)
+        # CUDA graphs only shorten kernel launches: a plan without them is never faster and
+        # holds the same memory, so it is simulated only where its twin with them cannot run
+        alive = _plans(survivors)
+        has_twin = [not p.cuda_graphs and p.with_(cuda_graphs=True) in alive for p, _ in survivors]
+        primary = [s for s, t in zip(survivors, has_twin) if not t]
+        twins = [s for s, t in zip(survivors, has_twin) if t]
+        screened = _screen_best_first(runner, primary, objective, top, tick, deadline)
+        verdict = {e.plan: e for e in screened}
+        again = []
+        for p, est in twins:
+            twin = verdict[p.with_(cuda_graphs=True)]
+            if twin.status == Status.UNEXPLORED:
+                pruned_plans.append(replace(twin, plan=p))
+            elif twin.status == Status.REJECTED:
+                again.append((p, est))
+            else:
+                pruned_plans.append(_graphs_twin(p, est, twin))
+        tick.add(len(twins) - len(again))
+        screened += _screen_best_first(runner, again, objective, top, tick, deadline)
         final, n_full = _confirm(runner, screened, objective, price, hw, top)
     feasible = sorted((e for e in final if e.feasible), key=lambda e: score(e, objective, price, hw))
     tick.done()
@@ -160,64 +183,134 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
 
 
 def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], objective: Objective, top: int,
-                       tick: "_Ticker") -> list[Evaluation]:
-    """Screen survivors in order of a lower bound on their score (branch and bound): once
-    `top` plans are known, a plan whose bound is worse than all of them cannot enter the
-    ranking and is not simulated.
+                       tick: "_Ticker", deadline: float = math.inf) -> list[Evaluation]:
+    """Screen survivors best-first, with branch and bound: once `top` plans are known, a
+    plan whose lower bound is worse than all of them cannot enter the ranking and is not
+    simulated.
 
-    Time (and cost, which is time times a constant here) is bounded by the compute kernels
-    of the plan's class (search_screen.compute_bound); the HBM peak by the memory estimate.
+    Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
+    (free) and by the compute kernels of the plan's class (search_screen.compute_bound,
+    two small simulations when the walk reaches a class of several plans); the HBM peak
+    by the memory estimate. Order: first one plan per precision and layout, then the
+    neighbours (one choice away) of the best plans found, so that with a time limit the
+    simulations go where the good plans are. Past the deadline the rest is unexplored.
     """
     if objective == Objective.MEMORY:
-        bounds = [est.hbm_bytes / (1 + MARGIN) for _, est in survivors]
+        keys = [est.hbm_bytes / (1 + MARGIN) for _, est in survivors]
         value = lambda e: e.hbm_peak_bytes  # noqa: E731
-        unit, scale = "GB", 1e-9
+        unit, scale, what = "GB", 1e-9, "HBM"
     else:
-        classes = sorted({compute_class(p) for p, _ in survivors}, key=lambda c: c.flags())
-        if len(survivors) >= BOUND_WORTH * len(classes):  # a class bound costs two small simulations
-            class_bound = dict(zip(classes, runner.bounds(classes)))
-        else:
-            class_bound = {c: 0.0 for c in classes}
-        bounds = [class_bound[compute_class(p)] for p, _ in survivors]
+        keys = [runner.flops_bound(p) for p, _ in survivors]
         value = lambda e: e.step_time_s  # noqa: E731
-        unit, scale = "s", 1.0
-    # within equal bounds, smaller memory first: a plan that does not fit rules out the bigger ones
-    order = sorted(range(len(survivors)), key=lambda i: (bounds[i], _memory_rank(survivors[i][0])))
+        unit, scale, what = "s", 1.0, "GPU compute"
+    index = {p: j for j, (p, _) in enumerate(survivors)}
+    members: dict[Plan, int] = {}
+    if unit == "s":
+        for p, _ in survivors:
+            c = compute_class(p)
+            members[c] = members.get(c, 0) + 1
+    class_bound: dict[Plan, float] = {}
+    # priority: the value of the best simulated neighbour (seeds: their bound), smaller first
+    prio = {j: (1, keys[j]) for j in range(len(survivors))}
+    seeds: dict[tuple, int] = {}
+    # a seed per precision, layout, sharding and offload set: its plan with the fewest FLOPs
+    # and the least memory (the likeliest to fit)
+    for j in sorted(range(len(survivors)), key=lambda j: (keys[j], _memory_order(survivors[j][0]))):
+        p = survivors[j][0]
+        seeds.setdefault((p.precision, p.tp, p.pp, p.zero, p.offload), j)
+    for j in seeds.values():
+        prio[j] = (0, keys[j])
     no_fit = _NoFit()
-    wave = max(16, runner.jobs * 8)
+    wave = max(8, runner.jobs * 4)
     out: list[Evaluation] = []
     best: list[float] = []  # values of the feasible plans screened so far, ascending
-    i = 0
-    while i < len(order):
+    pending = set(range(len(survivors)))
+
+    def bound(j: int) -> float:
+        if unit != "s":
+            return keys[j]
+        c = compute_class(survivors[j][0])
+        if c not in class_bound:  # worth two small simulations only for a class with several plans
+            class_bound[c] = max(keys[j], runner.bounds([c])[0]) if members[c] >= BOUND_WORTH else keys[j]
+        return class_bound[c]
+
+    def set_aside(j: int, status: Status, why: str) -> None:
+        p, est = survivors[j]
+        out.append(Evaluation(p, status, why, est.hbm_bytes if est else math.nan))
+        pending.discard(j)
+        tick.add(1)
+
+    while pending:
         bar = best[top - 1] * (1 + SCREEN_TOLERANCE) if len(best) >= top else math.inf
-        if bounds[order[i]] > bar:  # sorted by bound: none of the rest can win either
-            for j in order[i:]:
-                p, est = survivors[j]
-                out.append(Evaluation(p, Status.BOUNDED, f"needs at least {bounds[j] * scale:.3g} {unit} of "
-                                      f"{'GPU compute' if unit == 's' else 'HBM'} > {bar * scale:.3g} {unit} "
-                                      f"of the top {top}", est.hbm_bytes if est else math.nan))
-            tick.add(len(order) - i)
+        if time.perf_counter() > deadline:
+            for j in sorted(pending):
+                known = unit != "s" or compute_class(survivors[j][0]) in class_bound
+                set_aside(j, Status.UNEXPLORED, "not simulated within the time limit" + (
+                    f" (needs at least {bound(j) * scale:.3g} {unit} of {what})" if known else ""))
             break
-        batch = order[i:i + wave]
-        i += len(batch)
-        todo = []
-        for j in batch:
-            p, est = survivors[j]
+        batch = []
+        # among equals, the plans needing less memory first: if they do not fit, neither do the rest
+        for j in sorted(pending, key=lambda j: (prio[j], _memory_order(survivors[j][0]))):
+            if len(batch) >= wave:
+                break
+            p = survivors[j][0]
             bigger = no_fit.dominates(p)
-            if bigger:
-                out.append(Evaluation(p, Status.NO_FIT, f"needs at least the memory of {bigger}, which does not fit",
-                                      est.hbm_bytes if est else math.nan))
-                tick.add(1)
+            if keys[j] > bar or bound(j) > bar:
+                set_aside(j, Status.BOUNDED, f"needs at least {bound(j) * scale:.3g} {unit} of {what} "
+                                             f"> {bar * scale:.3g} {unit} of the top {top}")
+            elif bigger:
+                set_aside(j, Status.NO_FIT, f"needs at least the memory of {bigger}, which does not fit")
             else:
-                todo.append(survivors[j])
+                batch.append(j)
+        if not batch:
+            continue
+        pending.difference_update(batch)
         # a time bar lets screening stop a plan after its first small simulations
-        evs = runner.evaluate(todo, tick, bar=bar if unit == "s" else math.inf)
+        evs = runner.evaluate([survivors[j] for j in batch], tick, bar=bar if unit == "s" else math.inf)
         out += evs
         for e in evs:
             if e.status == Status.NO_FIT:
                 no_fit.add(e.plan)
+            elif e.feasible:
+                for q in _neighbours(e.plan, index):
+                    if q in pending:
+                        prio[q] = min(prio[q], (0, value(e)))
         best = sorted(best + [value(e) for e in evs if e.feasible])
     return out
+
+
+_NEIGHBOUR_DIMS = ("precision", "recompute", "zero", "offload", "offload_ratio", "offload_schedule",
+                   "unified_memory", "micro_batch", "cuda_graphs", "pp_interleave", "sequence_parallel")
+
+
+def _neighbours(plan: Plan, index: dict[Plan, int]) -> list[int]:
+    """Survivors one searched choice away from `plan` (by index)."""
+    out = []
+    for dim in _NEIGHBOUR_DIMS:
+        if not hasattr(plan, dim):
+            continue
+        for other, j in _values_index(index, dim).get(_without(plan, dim), {}).items():
+            if other != getattr(plan, dim):
+                out.append(j)
+    return out
+
+
+def _without(plan: Plan, dim: str) -> Plan:
+    return plan.with_(**{dim: getattr(Plan, dim)})  # the class default stands in for "any value"
+
+
+_VALUES_CACHE: dict[tuple[int, str], dict] = {}
+
+
+def _values_index(index: dict[Plan, int], dim: str) -> dict[Plan, dict[Any, int]]:
+    key = (id(index), dim)
+    if key not in _VALUES_CACHE:
+        table: dict[Plan, dict[Any, int]] = {}
+        for p, j in index.items():
+            table.setdefault(_without(p, dim), {})[getattr(p, dim)] = j
+        _VALUES_CACHE.clear() if len(_VALUES_CACHE) > 64 else None
+        _VALUES_CACHE[key] = table
+    return _VALUES_CACHE[key]
 
 
 def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker"):
@@ -305,6 +398,10 @@ def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick
 _RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}  # activations kept: full <= selective <= none
 
 
+def _memory_order(p: Plan) -> tuple:
+    return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, -len(p.offload), p.offload_ratio)
+
+
 def _recompute_rank(rc: Recompute) -> int:
     return _RECOMPUTE_MEMORY.get(rc.value, 0)
 
@@ -314,25 +411,52 @@ def _memory_rank(p: Plan) -> tuple[int, int]:
 
 
 class _NoFit:
-    """Plans that do not fit, so that the plans needing at least as much memory are not
-    simulated: a larger micro-batch, less recompute, or CUDA graphs on or off (same memory)."""
+    """Plans that do not fit, so that plans needing at least as much memory are not simulated.
+
+    "At least as much" is the physical partial order every memory model here follows
+    (tests/test_search.py checks it on the simulator): a larger micro-batch, less
+    recompute, less ZeRO sharding, a subset of the offloaded state, a smaller offload
+    ratio; CUDA graphs on or off change no memory. All other choices must be equal.
+    """
 
     def __init__(self) -> None:
-        self.failed: dict[Plan, list[tuple[int, int]]] = {}
+        self.failed: dict[Plan, list[tuple]] = {}
 
     @staticmethod
     def _key(p: Plan) -> Plan:
-        return p.with_(micro_batch=1, recompute=Recompute.FULL, cuda_graphs=False)
+        return p.with_(micro_batch=1, recompute=Recompute.FULL, cuda_graphs=False, zero=0, offload=frozenset(),
+                       offload_ratio=1.0)
+
+    @staticmethod
+    def _coords(p: Plan) -> tuple:
+        return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, p.offload, -p.offload_ratio)
 
     def add(self, p: Plan) -> None:
-        self.failed.setdefault(self._key(p), []).append(_memory_rank(p))
+        self.failed.setdefault(self._key(p), []).append(self._coords(p))
 
     def dominates(self, p: Plan) -> str:
-        mb, rc = _memory_rank(p)
-        for fmb, frc in self.failed.get(self._key(p), ()):
-            if mb >= fmb and rc >= frc:
-                return f"micro-batch {fmb} with {[k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0]} recompute"
+        mb, rc, z, off, r = self._coords(p)
+        for fmb, frc, fz, foff, fr in self.failed.get(self._key(p), ()):
+            if mb >= fmb and rc >= frc and z >= fz and off <= foff and r >= fr:
+                what = [f"micro-batch {fmb}", [k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0] + " recompute"]
+                if -fz:
+                    what.append(f"ZeRO-{-fz}")
+                if foff:
+                    what.append("offload " + ",".join(sorted(foff)) + (f" ratio {-fr:g}" if -fr != 1 else ""))
+                return ", ".join(what)
         return ""
+
+
+def _plans(items: list[tuple[Plan, Any]]) -> set[Plan]:
+    return {p for p, _ in items}
+
+
+def _graphs_twin(p: Plan, est: Any, twin: Evaluation) -> Evaluation:
+    est_bytes = est.hbm_bytes if est else math.nan
+    if twin.status == Status.NO_FIT:
+        return Evaluation(p, Status.NO_FIT, f"same memory as with --cuda-graphs: {twin.reason}", est_bytes)
+    return Evaluation(p, Status.BOUNDED, "never faster than the same plan with --cuda-graphs "
+                      "(graphs only shorten kernel launches; same memory)", est_bytes)
 
 
 def _valid(model: ModelSpec, hw: Hardware, survivors: list[tuple[Plan, Any]], tick: "_Ticker"):
@@ -420,6 +544,7 @@ class _Runner:
         self.model, self.hw, self.cal = model, hw, cal
         self.jobs = max(1, jobs)
         self.pool: ProcessPoolExecutor | None = None
+        self._flops: dict[tuple, float] = {}
 
     def __enter__(self) -> "_Runner":
         return self
@@ -448,6 +573,14 @@ class _Runner:
                     tick.add(1)
             return out
         return self._map(_evaluate_chunk, items, tick, level, bar)
+
+    def flops_bound(self, plan: Plan) -> float:
+        """Seconds the step's matrix FLOPs (with recompute) take at the dense peak: free, and a bound."""
+        key = (plan.precision, plan.recompute, plan.micro_batch, plan.grad_accum)
+        v = self._flops.get(key)
+        if v is None:
+            v = self._flops[key] = flops_lower_bound(self.model, self.hw, plan)
+        return v
 
     def bounds(self, plans: list[Plan]) -> list[float]:
         if self.jobs == 1 or len(plans) < 4:

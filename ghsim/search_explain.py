@@ -47,13 +47,17 @@ def headline(r: SearchResult) -> list[str]:
     lines = [f"{r.model.name} ({r.model.total_params / 1e9:.1f}B) on {b.gpus} x {hw.name}, seq {b.seq}, "
              f"global batch {b.resolved_global_batch} ({b.tokens_per_step:,} tokens/step)"
              + (f", LoRA rank {b.lora_rank}" if b.lora_rank else "") + f"; objective: {r.objective.value}",
-             f"{r.n_evaluated:,} candidate plans judged in {r.elapsed_s:.1f} s: "
+             f"{r.n_candidates:,} candidate plans, {r.n_evaluated:,} judged in {r.elapsed_s:.1f} s: "
              + ", ".join(f"{r.count(s):,} {s.value}" for s in Status if r.count(s))]
     return lines
 
 
 def render_table(r: SearchResult, top: int) -> str:
     lines = headline(r)
+    left = r.count(Status.UNEXPLORED)
+    if left:
+        lines.append(f"{left:,} plans that fit the memory model were not simulated within the time limit: "
+                     f"rerun with --time-limit 0 to simulate them all")
     if not r.ranked:
         return "\n".join(lines + [""] + no_fit_advice(r))
     price = r.price_per_gpu_hour

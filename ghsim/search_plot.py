@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -28,6 +30,11 @@ def compact_label(p) -> str:
         if p.offload_ratio != 1.0:
             parts.append(f"r{p.offload_ratio:g}")
     parts += [f"{k}{getattr(p, k)}" for k in ("tp", "pp", "ep") if getattr(p, k) > 1]
+    if getattr(p, "pp_interleave", 1) > 1:
+        parts.append(f"v{p.pp_interleave}")
+    schedule = getattr(getattr(p, "offload_schedule", None), "value", "auto")
+    if p.offload and schedule != "auto":
+        parts.append({"superoffload": "SO"}.get(schedule, schedule))
     if p.unified_memory:
         parts.append("UM")
     if p.cuda_graphs:
@@ -35,7 +42,7 @@ def compact_label(p) -> str:
     return " ".join(x for x in parts if x)
 
 
-def plot_pareto(r: SearchResult, path: str, label_front: int = 6) -> None:
+def plot_pareto(r: SearchResult, path: str, label_front: int = 4) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.8))
     no_fit = [e for e in r.evaluations if e.status == Status.NO_FIT and e.step_time_s == e.step_time_s]
     if no_fit:
@@ -47,15 +54,27 @@ def plot_pareto(r: SearchResult, path: str, label_front: int = 6) -> None:
     if front:
         ax.plot([e.hbm_peak_bytes / GB for e in front], [e.step_time_s for e in front], "o-", c="#1f4e9c", ms=5,
                 label="Pareto front")
-        step = max(1, len(front) // label_front)
-        for i, e in enumerate(front[::step]):
+        # label a few front points, spread along the memory axis so the labels stay readable
+        span = max(e.hbm_peak_bytes for e in front) - min(e.hbm_peak_bytes for e in front) or 1.0
+        last = -math.inf
+        shown = 0
+        best_plan = r.ranked[0].plan if r.ranked else None
+        for e in sorted(front, key=lambda e: e.hbm_peak_bytes):
+            if e.hbm_peak_bytes - last < span / label_front or shown >= label_front or e.plan == best_plan:
+                continue
+            last, shown = e.hbm_peak_bytes, shown + 1
             ax.annotate(compact_label(e.plan), (e.hbm_peak_bytes / GB, e.step_time_s), fontsize=7,
-                        xytext=(6, 4 if i % 2 else -9), textcoords="offset points")
+                        xytext=(0, 10 if shown % 2 else -14), textcoords="offset points", ha="left",
+                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "#555555"})
     if r.ranked:
         best = r.ranked[0]
         ax.scatter([best.hbm_peak_bytes / GB], [best.step_time_s], s=140, marker="*", c="#e8a200", zorder=5,
                    label=f"best ({r.objective.value})")
+        ax.annotate("best: " + compact_label(best.plan), (best.hbm_peak_bytes / GB, best.step_time_s), fontsize=7.5,
+                    fontweight="bold", xytext=(8, -16), textcoords="offset points")
     ax.axvline(r.hardware.hbm.capacity_bytes / GB, color="red", ls="--", lw=1, label="HBM capacity")
+    if r.ranked:  # the slow tail says little: show up to three times the best step
+        ax.set_ylim(0, min(max(e.step_time_s for e in r.ranked), 3 * r.ranked[0].step_time_s) * 1.05)
     ax.set_xlabel("HBM peak per GPU (GB)")
     ax.set_ylabel("step time (s)")
     ax.set_title(f"{r.model.name} on {r.base.gpus} x {r.hardware.name}: {r.n_evaluated:,} plans judged, "

@@ -47,6 +47,7 @@ class Status(str, Enum):
     REJECTED = "rejected"  # simulate() refused the plan (GhsimError), with its reason
     BOUNDED = "cannot win"  # its GPU compute alone takes longer than the best plans found
     SAME = "same as another"  # differs only in a setting the simulator ignores for it (reason names the twin)
+    UNEXPLORED = "unexplored"  # not simulated within the search's time limit
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,9 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
 
 
 # What one simulation costs, in units of one layer's micro-batch: a fixed part (building
-# templates, the offload rewrite, the report) and one unit per layer and micro-batch; on
-# several GPUs one unit per layer of a pipeline chunk (micro-batches are scheduled as
-# single ops). Measured on the 2-core machine; they only decide whether screening pays.
+# templates, the offload rewrite, the report) and one unit per layer and micro-batch.
+# Measured on the 2-core machine; it only decides whether screening pays.
 SIM_FIXED = 10
-SIM_FIXED_MULTI = 8
 
 
 def _points(model: ModelSpec, plan: Plan) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -118,9 +117,9 @@ def _points(model: ModelSpec, plan: Plan) -> tuple[tuple[int, ...], tuple[int, .
     """
     pp, L, k = plan.pp, model.num_layers, plan.grad_accum
     if plan.gpus > 1:
-        layers = (2 * pp, 4 * pp)
-        small = 2 * SIM_FIXED_MULTI + 6
-        return (layers if small < SIM_FIXED_MULTI + L / pp else (L,)), (k,)
+        # pipeline schedules (bubbles, interleaved chunks) are not affine in the layers of
+        # a chunk at small sizes: simulated whole (the simulator is coarse there already)
+        return (L,), (k,)
     layers = (2 * pp, 4 * pp) if 4 * pp < L else (L,)
     # the first micro-batch differs (nothing to accumulate into, overlap not yet steady)
     micro = (2 * pp, 3 * pp) if k > 3 * pp else (k,)
@@ -253,3 +252,13 @@ def compute_bound(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration) 
     except GhsimError:
         return 0.0
     return _linear(per_micro, model.num_layers) * plan.grad_accum
+
+
+def flops_lower_bound(model: ModelSpec, hw: Hardware, plan: Plan) -> float:
+    """The step's matrix FLOPs per GPU (recompute included) at the dense peak of its GEMM
+    dtype: no kernel runs faster than peak, so no step is shorter."""
+    flops = model_flops(model, plan)
+    if plan.recompute.value == "full":
+        flops *= 4 / 3  # the forward runs twice
+    dtype = {"fp32": "fp32", "tf32": "tf32", "fp8": "fp8"}.get(plan.precision.value, "bf16")
+    return flops / plan.gpus / hw.peak_flops[dtype]

@@ -41,7 +41,7 @@ OFFLOAD_SETS = (
     frozenset({"optimizer", "grads", "params"}),
     frozenset({"optimizer", "grads", "params", "activations"}),
 )
-OFFLOAD_RATIOS = (1.0, 0.75, 0.5)  # share of the optimizer on the CPU (ZeRO-Offload++ / SuperOffload)
+OFFLOAD_RATIOS = (1.0, 0.5)  # share of the optimizer on the CPU (ZeRO-Offload++ / SuperOffload)
 DEFAULT_PRECISIONS = (Precision.BF16, Precision.FP8)  # fp16 prices as bf16; fp32/tf32 only lose
 MAX_MICRO_BATCH = 64
 AUTO_RESOLVES_TO = ("sync", "overlapped")  # ghsim.graph.offload.resolve: by framework

@@ -135,3 +135,35 @@ def test_gpu_compute_bound_prunes_without_losing_the_best(cal):
         full = simulate(SMALL, H100, e.plan, cal, keep_timeline=False)
         assert full.step_time_s > best or not full.fits
     assert not math.isnan(best)
+
+
+def test_a_time_limit_leaves_the_rest_unexplored(cal):
+    space = pin(default_space(SMALL, H100, BASE), {"precision": Precision.BF16})
+    r = search(SMALL, H100, BASE, space, Objective.TIME, cal, top=3, jobs=1, time_limit=1e-6)
+    left = r.count(Status.UNEXPLORED)
+    assert left > 0 and r.n_evaluated == r.n_candidates - left
+    assert all(e.status != Status.FEASIBLE for e in r.evaluations if "time limit" in e.reason)
+
+
+@pytest.mark.parametrize("smaller,bigger", [
+    ({"zero": 3}, {"zero": 1}),
+    ({"offload": frozenset({"optimizer", "grads", "activations"})}, {"offload": frozenset({"optimizer", "grads"})}),
+    ({"offload": frozenset({"optimizer", "grads"}), "offload_ratio": 1.0},
+     {"offload": frozenset({"optimizer", "grads"}), "offload_ratio": 0.5}),
+    ({"micro_batch": 1, "recompute": Recompute.FULL}, {"micro_batch": 2, "recompute": Recompute.NONE}),
+])
+def test_memory_order_the_search_relies_on(cal, smaller, bigger):
+    """A plan that does not fit rules out the plans 'bigger' than it (search._NoFit)."""
+    base = Plan(gpus=4, pp=2, seq=1024, global_batch=8, framework=Framework.DEEPSPEED, optimizer_impl="fused")
+    a = simulate(SMALL, H100, base.with_(**smaller), cal, keep_timeline=False)
+    b = simulate(SMALL, H100, base.with_(**bigger), cal, keep_timeline=False)
+    assert a.hbm.peak_bytes <= b.hbm.peak_bytes * 1.001
+
+
+def test_cuda_graphs_never_slow_a_plan_or_change_its_memory(cal):
+    for kw in ({}, {"offload": frozenset({"optimizer", "grads"})}, {"gpus": 2, "zero": 2, "global_batch": 16}):
+        plan = BASE.with_(**kw)
+        off = simulate(SMALL, H100, plan, cal, keep_timeline=False)
+        on = simulate(SMALL, H100, plan.with_(cuda_graphs=True), cal, keep_timeline=False)
+        assert on.step_time_s <= off.step_time_s * (1 + 1e-9)
+        assert on.hbm.peak_bytes == pytest.approx(off.hbm.peak_bytes)
