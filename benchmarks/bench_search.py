@@ -1,0 +1,106 @@
+"""Speed of the plan search, reported as ratios measured in one run.
+
+    python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick]
+
+For each case (llama-70b on 4 x gh200-96gb, the issue's headline; llama-3.1-405b on
+1,024 x h100-sxm) it prints the candidates judged, the wall time against its budget
+(10 s and 60 s on the 2-core machine), the time per candidate as a fraction of one
+full simulate() of a typical plan, and the speedup of each --jobs value over one
+worker. Then the parts: how much of the space the memory model prunes, what screening
+costs against a full simulation, and what the per-shape cost memo saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from ghsim.cost.calibration import load_calibration
+from ghsim.hardware import load_hardware
+from ghsim.model import load_model
+from ghsim.plan import Framework, Plan, Recompute
+from ghsim.search import memo_calibration, search
+from ghsim.search_screen import Status, evaluate
+from ghsim.search_space import default_global_batch, default_space
+from ghsim.simulate import simulate
+
+CASES = (  # model, hardware, gpus, budget (s)
+    ("llama-70b", "gh200-96gb", 4, 10.0),
+    ("llama-3.1-405b", "h100-sxm", 1024, 60.0),
+)
+
+
+def base_plan(gpus: int) -> Plan:
+    return Plan(gpus=gpus, global_batch=default_global_batch(gpus), framework=Framework.DEEPSPEED,
+                optimizer_impl="fused")
+
+
+def median_time(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calibration", default="profile", help="'profile' (the hardware's) or 'synthetic'")
+    ap.add_argument("--jobs", default="1,2", help="worker counts to compare")
+    ap.add_argument("--quick", action="store_true", help="the 4-GPU case only")
+    args = ap.parse_args()
+    synthetic = None
+    if args.calibration == "synthetic":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from synthetic import synthetic_calibration
+
+        synthetic = synthetic_calibration()
+    jobs = [int(j) for j in args.jobs.split(",")]
+
+    print(f"{'case':<34}{'jobs':>5}{'plans':>9}{'s':>7}{'/budget':>9}{'us/plan':>9}"
+          f"{'plan/sim':>10}{'speedup':>9}{'simulated':>10}")
+    for name, hw_name, gpus, budget in CASES[:1] if args.quick else CASES:
+        model, hw = load_model(name), load_hardware(hw_name)
+        cal = synthetic or load_calibration(hw.calibration)
+        base = base_plan(gpus)
+        space = default_space(model, hw, base)
+        # one full simulate() of a plan the search reports: the unit the search is measured in
+        first = search(model, hw, base, space, calibration=cal, jobs=jobs[0])
+        typical = first.best.plan if first.best else base
+        sim_s = median_time(lambda: simulate(model, hw, typical, cal, keep_timeline=False), 3)
+        one = None
+        for j in jobs:
+            t = time.perf_counter()
+            r = search(model, hw, base, space, calibration=cal, jobs=j)
+            wall = time.perf_counter() - t
+            one = one or wall
+            simulated = r.count(Status.FEASIBLE) + r.count(Status.NO_FIT)
+            per_plan = wall / r.n_evaluated
+            print(f"{name + ' x' + str(gpus) + ' ' + hw_name:<34}{j:>5}{r.n_evaluated:>9,}{wall:>7.1f}"
+                  f"{wall / budget:>9.2f}{per_plan * 1e6:>9.0f}{per_plan / sim_s:>10.4f}{one / wall:>9.2f}"
+                  f"{simulated:>10,}")
+        print(f"  one full simulate() of the best plan: {sim_s * 1e3:.0f} ms; "
+              f"pruned by the memory model without simulating: {r.count(Status.PRUNED) / r.n_evaluated:.1%}; "
+              f"rejected up front {r.count(Status.REJECTED):,}, set aside by bounds {r.count(Status.BOUNDED):,}, "
+              f"same as a twin {r.count(Status.SAME):,}")
+
+    # screening and the cost memo, on a one-GPU plan (the path that replays every micro-batch)
+    model, hw = load_model("llama-2-7b"), load_hardware("gh200-96gb")
+    cal = synthetic or load_calibration(hw.calibration)
+    plan = base_plan(1).with_(micro_batch=2, recompute=Recompute.SELECTIVE, offload=frozenset({"optimizer", "grads"}))
+    full = median_time(lambda: simulate(model, hw, plan, cal, keep_timeline=False), 3)
+    screen = median_time(lambda: evaluate(model, hw, plan, cal, level="screen"), 3)
+    memo = memo_calibration(cal)
+    screen_memo = median_time(lambda: evaluate(model, hw, plan, memo, level="screen"), 3)
+    print(f"\nllama-2-7b, 1 GPU, {plan.grad_accum} micro-batches: full simulate {full * 1e3:.0f} ms; "
+          f"screened {screen * 1e3:.0f} ms ({screen / full:.2f} of it); with the per-shape cost memo "
+          f"{screen_memo * 1e3:.0f} ms ({screen_memo / screen:.2f} of unmemoized)")
+
+
+if __name__ == "__main__":
+    main()
