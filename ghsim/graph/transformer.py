@@ -292,6 +292,14 @@ class LayerBuilder:
             self._after, self._before_wgrad = None, len(self.ops) - 1
         return out
 
+    def gathered_grad(self, grad: str, tensor_bytes: float) -> str:
+        """A branch's output gradient, all-gathered over the sequence under sequence parallelism
+        (the sharded copy is freed); the name to use from here on."""
+        if self.tp_gather(f"{grad}.all_gather", tensor_bytes, f"{grad}.g") is None:
+            return grad
+        self.t.free(self.ops[-1], [grad])
+        return f"{grad}.g"
+
     def tp_reduce(self, name: str, tensor: str, tensor_bytes: float) -> str:
         """Sum the partial outputs of a row-parallel GEMM; returns the name of the summed tensor."""
         if self.split.tp == 1:
@@ -479,10 +487,7 @@ class LayerBuilder:
         # MLP branch
         self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0, "elementwise",
                  creates={"g_mlp_out": Tn * h * act})
-        g_mlp_out = "g_mlp_out"
-        if self.tp_gather("g_mlp_out.all_gather", T * h * act, "g_mlp_out.g"):
-            self.t.free(self.ops[-1], [g_mlp_out])
-            g_mlp_out = "g_mlp_out.g"
+        g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
         if m.moe is not None:
             self.mem("moe_combine.bwd", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
             self.ep_all_to_all("moe_combine.bwd.all_to_all", self.mlp_tokens * h * act)
@@ -503,10 +508,7 @@ class LayerBuilder:
         # attention branch
         self.mem("attn_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0, "elementwise",
                  creates={"g_attn_out": Tn * h * act})
-        g_attn_out = "g_attn_out"
-        if self.tp_gather("g_attn_out.all_gather", T * h * act, "g_attn_out.g"):
-            self.t.free(self.ops[-1], [g_attn_out])
-            g_attn_out = "g_attn_out.g"
+        g_attn_out = self.gathered_grad("g_attn_out", T * h * act)
         self.projection_bwd(self.o_proj, g_attn_out, "g_o", kept["o_proj"])
         shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
         if self.plan.recompute == Recompute.SELECTIVE:
@@ -764,10 +766,7 @@ class LayerBuilder:
         h, act = m.hidden_size, dt.act
         # MLP branch
         self._fused_residual_bwd("mlp_residual.bwd", "drop2.mask", "g_mlp_out")
-        g_mlp_out = "g_mlp_out"
-        if self.tp_gather("g_mlp_out.all_gather", T * h * act, "g_mlp_out.g"):
-            self.t.free(self.ops[-1], [g_mlp_out])
-            g_mlp_out = "g_mlp_out.g"
+        g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
         if m.moe is not None:
             self.mem("moe_combine.bwd", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
             self.ep_all_to_all("moe_combine.bwd.all_to_all", self.mlp_tokens * h * act)
@@ -792,10 +791,7 @@ class LayerBuilder:
         self._fused_norm_bwd("post_attn_norm", "n2", g_n2, "h1")
         # attention branch
         self._fused_residual_bwd("attn_residual.bwd", "drop1.mask", "g_attn_out")
-        g_attn_out = "g_attn_out"
-        if self.tp_gather("g_attn_out.all_gather", T * h * act, "g_attn_out.g"):
-            self.t.free(self.ops[-1], [g_attn_out])
-            g_attn_out = "g_attn_out.g"
+        g_attn_out = self.gathered_grad("g_attn_out", T * h * act)
         self.projection_bwd(self.o_proj, g_attn_out, "g_o", kept["o_proj"])
         self._attention_core_bwd()
         regathered = self.tp_gather("n1.all_gather.bwd", T * h * act, "n1.g", for_wgrad=True)
