@@ -1,6 +1,6 @@
 """Speed of the plan search, reported as ratios measured in one run.
 
-    python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick]
+    python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick] [--time-limit 8]
 
 For each case (llama-70b on 4 x gh200-96gb, the issue's headline; llama-3.1-405b on
 1,024 x h100-sxm) it prints the candidates judged, the wall time against its budget
@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--calibration", default="profile", help="'profile' (the hardware's) or 'synthetic'")
     ap.add_argument("--jobs", default="1,2", help="worker counts to compare")
     ap.add_argument("--quick", action="store_true", help="the 4-GPU case only")
+    ap.add_argument("--time-limit", type=float, default=0.0,
+                    help="the search's time limit (ghsim plan's default is 8 s; 0: simulate every survivor)")
     args = ap.parse_args()
     synthetic = None
     if args.calibration == "synthetic":
@@ -70,13 +72,15 @@ def main() -> None:
         base = base_plan(gpus)
         space = default_space(model, hw, base)
         # one full simulate() of a plan the search reports: the unit the search is measured in
-        first = search(model, hw, base, space, calibration=cal, jobs=jobs[0])
+        first = search(model, hw, base, space, calibration=cal, jobs=jobs[-1], time_limit=args.time_limit)
         typical = first.best.plan if first.best else base
         sim_s = median_time(lambda: simulate(model, hw, typical, cal, keep_timeline=False), 3)
         one = None
         for j in jobs:
+            if args.time_limit and j != jobs[-1]:
+                continue  # a time limit fixes the wall time: compare workers without one
             t = time.perf_counter()
-            r = search(model, hw, base, space, calibration=cal, jobs=j)
+            r = search(model, hw, base, space, calibration=cal, jobs=j, time_limit=args.time_limit)
             wall = time.perf_counter() - t
             one = one or wall
             simulated = r.count(Status.FEASIBLE) + r.count(Status.NO_FIT)
@@ -87,7 +91,8 @@ def main() -> None:
         print(f"  one full simulate() of the best plan: {sim_s * 1e3:.0f} ms; "
               f"pruned by the memory model without simulating: {r.count(Status.PRUNED) / r.n_evaluated:.1%}; "
               f"rejected up front {r.count(Status.REJECTED):,}, set aside by bounds {r.count(Status.BOUNDED):,}, "
-              f"same as a twin {r.count(Status.SAME):,}")
+              f"same as a twin {r.count(Status.SAME):,}, unexplored (time limit) {r.count(Status.UNEXPLORED):,}; "
+              f"best {first.best.step_time_s if first.best else float('nan'):.2f} s/step")
 
     # screening and the cost memo, on a one-GPU plan (the path that replays every micro-batch)
     model, hw = load_model("llama-2-7b"), load_hardware("gh200-96gb")

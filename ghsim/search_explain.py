@@ -210,8 +210,12 @@ def no_fit_advice(r: SearchResult) -> list[str]:
         lines.append(f"the plans the memory model let through ({len(rejected):,}) the simulator cannot run: {reason}")
     small = smallest_plan(model, hw, base)
     est = estimate_memory(model, hw, small)
-    lines.append(f"even the leanest plan (ZeRO-3 where possible, full recompute, everything offloaded, micro-batch 1) "
-                 f"{est.explain(hw.hbm.capacity_bytes)}.")
+    lean = "even the leanest plan (ZeRO-3 where possible, full recompute, everything offloaded, micro-batch 1)"
+    if est.hbm_bytes <= hw.hbm.capacity_bytes and est.host_bytes > hw.host.capacity_bytes:
+        lines.append(f"{lean} needs {est.hbm_bytes / GB:.0f} GB per GPU but {est.host_bytes / GB:,.0f} GB of host memory "
+                     f"per node > {hw.host.capacity_bytes / GB:,.0f} GB.")
+    else:
+        lines.append(f"{lean} {est.explain(hw.hbm.capacity_bytes)}.")
     lines.append("what would make it fit:")
     for text in _fixes(model, hw, base):
         lines.append(f"  - {text}")
@@ -239,7 +243,7 @@ def _fixes(model: ModelSpec, hw: Hardware, base: Plan) -> list[str]:
                        f"{need / GB:.0f} GB per GPU, no offload")
             break
     if not base.lora_rank:
-        lora = smallest_plan(model, hw, base.with_(lora_rank=16)).with_(offload=frozenset(), zero=0)
+        lora = smallest_plan(model, hw, base.with_(lora_rank=16)).with_(offload=frozenset())
         est = estimate_memory(model, hw, lora)
         verdict = "fits" if est.hbm_bytes <= hw.hbm.capacity_bytes * (1 - MARGIN) else "still does not fit"
         out.append(f"LoRA (--lora-rank 16): frozen bf16 weights, about {est.hbm_bytes / GB:.0f} GB per GPU "
@@ -247,8 +251,8 @@ def _fixes(model: ModelSpec, hw: Hardware, base: Plan) -> list[str]:
     small = smallest_plan(model, hw, base)
     est = estimate_memory(model, hw, small)
     if est.host_bytes > hw.host.capacity_bytes:
-        out.append(f"offload needs {est.host_bytes / GB:.0f} GB of host memory per node > "
-                   f"{hw.host.capacity_bytes / GB:.0f} GB")
+        out.append(f"nodes with more host memory: offloading needs {est.host_bytes / GB:,.0f} GB per node > "
+                   f"{hw.host.capacity_bytes / GB:,.0f} GB")
     bigger = []
     for name in profile_names():
         other = load_hardware(name)
