@@ -204,6 +204,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
         value = lambda e: e.step_time_s  # noqa: E731
         unit, scale, what = "s", 1.0, "GPU compute"
     index = {p: j for j, (p, _) in enumerate(survivors)}
+    tables: dict[str, dict] = {}
     members: dict[Plan, int] = {}
     if unit == "s":
         for p, _ in survivors:
@@ -272,7 +273,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
             if e.status == Status.NO_FIT:
                 no_fit.add(e.plan)
             elif e.feasible:
-                for q in _neighbours(e.plan, index):
+                for q in _neighbours(e.plan, index, tables):
                     if q in pending:
                         prio[q] = min(prio[q], (0, value(e)))
         best = sorted(best + [value(e) for e in evs if e.feasible])
@@ -283,13 +284,19 @@ _NEIGHBOUR_DIMS = ("precision", "recompute", "zero", "offload", "offload_ratio",
                    "unified_memory", "micro_batch", "cuda_graphs", "pp_interleave", "sequence_parallel")
 
 
-def _neighbours(plan: Plan, index: dict[Plan, int]) -> list[int]:
-    """Survivors one searched choice away from `plan` (by index)."""
+def _neighbours(plan: Plan, index: dict[Plan, int], tables: dict[str, dict]) -> list[int]:
+    """Survivors one searched choice away from `plan` (by index); `tables` holds, per
+    dimension, the survivors grouped by everything else (built on first use, per search)."""
     out = []
     for dim in _NEIGHBOUR_DIMS:
         if not hasattr(plan, dim):
             continue
-        for other, j in _values_index(index, dim).get(_without(plan, dim), {}).items():
+        if dim not in tables:
+            table: dict[Plan, dict[Any, int]] = {}
+            for p, j in index.items():
+                table.setdefault(_without(p, dim), {})[getattr(p, dim)] = j
+            tables[dim] = table
+        for other, j in tables[dim].get(_without(plan, dim), {}).items():
             if other != getattr(plan, dim):
                 out.append(j)
     return out
@@ -297,20 +304,6 @@ def _neighbours(plan: Plan, index: dict[Plan, int]) -> list[int]:
 
 def _without(plan: Plan, dim: str) -> Plan:
     return plan.with_(**{dim: getattr(Plan, dim)})  # the class default stands in for "any value"
-
-
-_VALUES_CACHE: dict[tuple[int, str], dict] = {}
-
-
-def _values_index(index: dict[Plan, int], dim: str) -> dict[Plan, dict[Any, int]]:
-    key = (id(index), dim)
-    if key not in _VALUES_CACHE:
-        table: dict[Plan, dict[Any, int]] = {}
-        for p, j in index.items():
-            table.setdefault(_without(p, dim), {})[getattr(p, dim)] = j
-        _VALUES_CACHE.clear() if len(_VALUES_CACHE) > 64 else None
-        _VALUES_CACHE[key] = table
-    return _VALUES_CACHE[key]
 
 
 def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker"):
