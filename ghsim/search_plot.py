@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ghsim.errors import GhsimError  # noqa: E402
+from ghsim.plots import save  # noqa: E402
 from ghsim.search import SearchResult  # noqa: E402
 from ghsim.search_explain import pareto_front  # noqa: E402
 from ghsim.search_screen import Status  # noqa: E402
@@ -81,10 +81,4 @@ def plot_pareto(r: SearchResult, path: str, label_front: int = 4) -> None:
                  f"{r.n_feasible:,} fit", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as e:
-        raise GhsimError(f"{path}: cannot write: {e}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
