@@ -100,7 +100,7 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Pareto front of step time vs HBM (PNG).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="The best plan's timeline (Chrome trace).")
 @click.option("--save-plan", "save_file", type=click.Path(), default=None, help="Write the best plan as plan.toml.")
-@click.option("--time-limit", type=float, default=8.0, show_default=True,
+@click.option("--time-limit", type=float, default=7.0, show_default=True,
               help="Seconds of simulating before the rest is reported unexplored (0: simulate every survivor).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
 def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,

@@ -138,10 +138,9 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
            progress: Progress | None = None, time_limit: float = 0.0) -> SearchResult:
     """Search `space` around `base` (which holds gpus, seq, global batch, LoRA rank).
 
-    `time_limit` (seconds, 0: none) stops simulating new plans once reached; what is left
-    is reported as unexplored, with its bound."""
+    `time_limit` (seconds of simulating, 0: none) stops simulating new plans once reached
+    (after at least one round); what is left is reported as unexplored, with its bound."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit if time_limit > 0 else math.inf
     price = hw.price_per_gpu_hour if price_per_gpu_hour is None else price_per_gpu_hour
     if objective == Objective.COST and not price > 0:
         raise GhsimError(f"{hw.name} has no price_per_gpu_hour_usd: give --price for --objective cost")
@@ -162,6 +161,7 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
         has_twin = [not p.cuda_graphs and p.with_(cuda_graphs=True) in alive for p, _ in survivors]
         primary = [s for s, t in zip(survivors, has_twin) if not t]
         twins = [s for s, t in zip(survivors, has_twin) if t]
+        deadline = time.perf_counter() + time_limit if time_limit > 0 else math.inf
         screened = _screen_best_first(runner, primary, objective, top, tick, deadline)
         verdict = {e.plan: e for e in screened}
         again = []
@@ -243,7 +243,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
 
     while pending:
         bar = best[top - 1] * (1 + SCREEN_TOLERANCE) if len(best) >= top else math.inf
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > deadline and best:  # (never before a first plan fits)
             for j in sorted(pending):
                 known = unit != "s" or compute_class(survivors[j][0]) in class_bound
                 set_aside(j, Status.UNEXPLORED, "not simulated within the time limit" + (
