@@ -178,8 +178,7 @@ def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimat
         grads *= 1.0 - plan.offload_ratio
     gpu_opt_share = 1.0 - plan.offload_ratio if "optimizer" in plan.offload else 1.0
     # AdamW's two moments, plus fp32 master weights where the working weights are bf16/fp16
-    # (only the multi-GPU simulator keeps masters so far; one GPU: the lower reading)
-    master = 4 if dt.param < 4 and not plan.lora_rank and plan.gpus > 1 else 0
+    master = 4 if dt.param < 4 and not plan.lora_rank else 0
     opt_states = counts.trainable * (8 + master) * gpu_opt_share / mp / shard_opt
     # torch's foreach AdamW materialises an fp32 temporary per step (the offloaded
     # schedules' GPU share runs without it)

@@ -347,7 +347,10 @@ def static_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     else:
         out["params"] = counts.total * dt.param
     if "optimizer" not in plan.offload:
-        out["optimizer_states"] = counts.trainable * 8  # AdamW exp_avg and exp_avg_sq in fp32
+        # AdamW's two fp32 moments, plus fp32 master weights where the working weights
+        # are 16-bit (fsdp-mixed, deepspeed, megatron), as the multi-GPU path counts them
+        masters = 4 if dt.param < 4 and not plan.lora_rank else 0
+        out["optimizer_states"] = counts.trainable * (8 + masters)
     if plan.precision == Precision.FP8:
         out["fp8_scales"] = 0.0
     return out
