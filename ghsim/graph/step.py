@@ -98,25 +98,12 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         b.mem("lm_head.cast_w", "cast_fp32_to_bf16", V * h * 6, 1, "elementwise", creates={"lm.w16": V * h * 2})
     gemm_dt = "bf16" if dt.gemm == "fp8" else dt.gemm  # the LM head stays in bf16 under fp8
     b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
-    if act != 4:
-        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
-              creates={"logits32": T * V * 4}, frees=["logits"])
-        logits = "logits32"
-    else:
-        logits = "logits"
-    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, "norm_reduction", creates={"lsm": T * V * 4},
-          frees=[logits])
+    _eager_cross_entropy_fwd(b, T, V, act)
     fwd = b.ops
     b.ops = []
     b.phase = "bwd"
-    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, "norm_reduction",
-          creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
-    if act != 4:
-        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
-              creates={"g_logits": T * V * act}, frees=["g_logits32"])
-        g_logits = "g_logits"
-    else:
-        g_logits = "g_logits32"
+    _eager_cross_entropy_bwd(b, T, V, act)
+    g_logits = "g_logits"
     b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
     if plan.lora_rank:
         b.t.free(b.ops[-1], [g_logits])
@@ -138,6 +125,28 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
           creates={"g": g_bytes, **({} if plan.lora_rank else {"grad.final_norm": h * dt.grad})},
           frees=[g_fn] + saved, transient=T * h * 4)
     return fwd, b.ops
+
+
+def _eager_cross_entropy_fwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
+    """logits.float() (when the logits are 16-bit), then F.cross_entropy: "logits" becomes "lsm"."""
+    logits = "logits"
+    if act != 4:
+        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+              creates={"logits32": T * V * 4}, frees=["logits"])
+        logits = "logits32"
+    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, "norm_reduction", creates={"lsm": T * V * 4},
+          frees=[logits])
+
+
+def _eager_cross_entropy_bwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
+    """The cross entropy's backward and the cast's: "lsm" becomes "g_logits" in the logits' dtype."""
+    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, "norm_reduction",
+          creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
+    if act != 4:
+        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+              creates={"g_logits": T * V * act}, frees=["g_logits32"])
+    else:
+        b.t.live["g_logits"] = b.t.live.pop("g_logits32")
 
 
 def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
@@ -162,13 +171,7 @@ def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         b.fused_op("cross_entropy", T * V * (act + 4), 1, "norm_reduction", creates={"lsm": T * V * 4},
                    frees=["logits"])
     else:  # megatron-legacy: logits.float(), then the cross entropy in PyTorch ops (the eager curves)
-        logits = "logits"
-        if act != 4:
-            b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
-                  creates={"logits32": T * V * 4}, frees=["logits"])
-            logits = "logits32"
-        b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, "norm_reduction", creates={"lsm": T * V * 4},
-              frees=[logits])
+        _eager_cross_entropy_fwd(b, T, V, act)
     fwd = b.ops
     b.ops = []
     b.phase = "bwd"
@@ -176,13 +179,7 @@ def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         b.fused_op("cross_entropy.bwd", T * V * (4 + act), 1, "norm_reduction", creates={"g_logits": T * V * act},
                    frees=["lsm"])
     else:
-        b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, "norm_reduction",
-              creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
-        if act != 4:
-            b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
-                  creates={"g_logits": T * V * act}, frees=["g_logits32"])
-        else:
-            b.t.live["g_logits"] = b.t.live.pop("g_logits32")
+        _eager_cross_entropy_bwd(b, T, V, act)
     b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
     if plan.lora_rank:
         b.t.free(b.ops[-1], ["g_logits"])
