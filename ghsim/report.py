@@ -89,6 +89,25 @@ class StepReport:
         return json.dumps(self.to_dict(), indent=2)
 
 
+def mfu_dtype(precision: str) -> str:
+    """The dense peak MFU is quoted against: tf32 and fp32 plans their own, every 16/8-bit plan bf16's."""
+    return precision if precision in ("tf32", "fp32") else "bf16"
+
+
+def step_fields(model, hw, plan, model_flops_per_step: float) -> dict[str, Any]:
+    """The StepReport fields that follow from the inputs alone (both simulators share them)."""
+    return {
+        "tokens_per_step": plan.tokens_per_step,
+        "model_flops_per_step": model_flops_per_step,
+        "peak_flops_per_gpu": hw.peak_flops[mfu_dtype(plan.precision.value)],
+        "gpus": plan.gpus,
+        "hbm_capacity": hw.hbm.capacity_bytes,
+        "host_capacity": hw.host.capacity_bytes,
+        "model": model.to_dict(),
+        "hardware": hw.to_dict(),
+    }
+
+
 def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float, dict[str, float]]:
     """Kernel-busy fraction of the step (as nsys shows it) and where the step's time goes.
 

@@ -19,7 +19,7 @@ from ghsim.graph.step import build_step, param_counts, static_bytes
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
-from ghsim.report import StepReport, Timeline, gpu_busy_and_breakdown
+from ghsim.report import StepReport, Timeline, gpu_busy_and_breakdown, mfu_dtype, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import hbm_peak, host_peak
 from ghsim.simulate_parallel import simulate_parallel
@@ -109,7 +109,7 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
         problems.append(f"HBM peak {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB ({parts} ...)")
     if host.peak_bytes > hw.host.capacity_bytes:
         problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
-    peak_dtype = "tf32" if plan.precision == Precision.TF32 else ("fp32" if plan.precision == Precision.FP32 else "bf16")
+    peak_dtype = mfu_dtype(plan.precision.value)
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()
     notes = [f"precision semantics: {plan.framework.value}"
@@ -123,21 +123,14 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
                      + (" (offload still applies)" if plan.offload else ""))
     return StepReport(
         step_time_s=step_time,
-        tokens_per_step=plan.tokens_per_step,
-        model_flops_per_step=model_flops(model, plan),
-        peak_flops_per_gpu=hw.peak_flops[peak_dtype],
-        gpus=plan.gpus,
+        **step_fields(model, hw, plan, model_flops(model, plan)),
         gpu_utilization=utilization,
         time_breakdown_s=breakdown,
         hbm=hbm,
         host=host,
-        hbm_capacity=hw.hbm.capacity_bytes,
-        host_capacity=hw.host.capacity_bytes,
         fit_problems=tuple(problems),
         notes=tuple(notes),
         plan=plan_dict,
-        model=model.to_dict(),
-        hardware=hw.to_dict(),
         timeline=timeline if keep_timeline else None,
         extra=_host_sections(timeline, breakdown, plan, hw, um, step_time),
     )

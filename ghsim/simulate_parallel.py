@@ -53,8 +53,8 @@ from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflig
 from ghsim.hardware import Hardware
 from ghsim.host_summary import offload_section, per_node
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan, Precision
-from ghsim.report import StepReport, Timeline, _overlap
+from ghsim.plan import Framework, Plan
+from ghsim.report import StepReport, Timeline, _overlap, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
@@ -284,7 +284,6 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     if host.peak_bytes > hw.host.capacity_bytes:
         problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
 
-    peak_dtype = "tf32" if plan.precision == Precision.TF32 else ("fp32" if plan.precision == Precision.FP32 else "bf16")
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()
     bubble = breakdown.get("pipeline_bubble", 0.0)
@@ -314,21 +313,14 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     }
     return StepReport(
         step_time_s=step_time,
-        tokens_per_step=plan.tokens_per_step,
-        model_flops_per_step=model_flops(model, plan),
-        peak_flops_per_gpu=hw.peak_flops[peak_dtype],
-        gpus=plan.gpus,
+        **step_fields(model, hw, plan, model_flops(model, plan)),
         gpu_utilization=utilization,
         time_breakdown_s=breakdown,
         hbm=hbm,
         host=host,
-        hbm_capacity=hw.hbm.capacity_bytes,
-        host_capacity=hw.host.capacity_bytes,
         fit_problems=tuple(problems),
         notes=tuple(_notes(plan, layout, hw, host_side)),
         plan=plan_dict,
-        model=model.to_dict(),
-        hardware=hw.to_dict(),
         timeline=(Timeline(pipe.graph.ops, [r.name for r in pipe.resources], pipe.schedule, pipe.graph.deps,
                            pipe.graph.layer, pipe.graph.microbatch) if keep_timeline else None),
         extra={"parallel": parallel, **_offload_extra(plan, hw, runs, kind_of, rep, layout, breakdown)},

@@ -6,7 +6,6 @@ templates and replicated; that is what makes an 80-layer model cheap to build.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +18,6 @@ from ghsim.graph.transformer import (
     RMSNORM_FWD_KERNELS,
     LayerBuilder,
     LayerSplit,
-    Tensors,
     _dtyped,
 )
 from ghsim.model import ModelSpec
