@@ -11,6 +11,18 @@ from __future__ import annotations
 from ghsim.cost.calibration import Calibration, calibration_from_dict
 from ghsim.hardware import load_hardware
 
+# A small Llama-shaped model file for CLI tests (8 layers, hidden 1024)
+TINY_MODEL_TOML = """name = "tiny-llama"
+source = "test model: a Llama-shaped 8-layer transformer"
+hidden_size = 1024
+intermediate_size = 2816
+num_layers = 8
+num_attention_heads = 8
+num_kv_heads = 8
+vocab_size = 32000
+max_seq_len = 4096
+"""
+
 
 def synthetic_microbench(gemm_eff: float = 0.7, hbm_gbps: float = 2800.0) -> dict:
     peaks = {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12}

@@ -9,24 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from ghsim.cli import main
+from synthetic import TINY_MODEL_TOML
 from ghsim.plan import load_plan_toml
 
-TINY = """name = "tiny-llama"
-source = "test model: a Llama-shaped 8-layer transformer"
-hidden_size = 1024
-intermediate_size = 2816
-num_layers = 8
-num_attention_heads = 8
-num_kv_heads = 8
-vocab_size = 32000
-max_seq_len = 4096
-"""
 MODEL_PATH = ""  # set by the tiny_model fixture
 SMALL = ["--model", MODEL_PATH, "--seq", "1024", "--precision", "bf16", "--recompute", "full", "--cuda-graphs",
          "--offload-schedule", "auto", "--jobs", "1"]
@@ -37,7 +27,7 @@ GHSIM = [sys.executable, "-c", "from ghsim.cli import main; main()"]
 def tiny_model(tmp_path_factory):
     global MODEL_PATH
     path = tmp_path_factory.mktemp("model") / "tiny-llama.toml"
-    path.write_text(TINY)
+    path.write_text(TINY_MODEL_TOML)
     MODEL_PATH = str(path)
     SMALL[1] = MODEL_PATH
 

@@ -9,18 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from ghsim.cli import main
+from synthetic import TINY_MODEL_TOML
 from ghsim.sweep import COLUMNS, SweepTask, sweep, tasks_for, write_results
 
-TINY = """name = "tiny-llama"
-source = "test model: a Llama-shaped 8-layer transformer"
-hidden_size = 1024
-intermediate_size = 2816
-num_layers = 8
-num_attention_heads = 8
-num_kv_heads = 8
-vocab_size = 32000
-max_seq_len = 4096
-"""
 
 
 PINS = (("recompute", "full"), ("cuda_graphs", True), ("offload_schedule", "auto"))
@@ -29,7 +20,7 @@ PINS = (("recompute", "full"), ("cuda_graphs", True), ("offload_schedule", "auto
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "tiny-llama.toml"
-    path.write_text(TINY)
+    path.write_text(TINY_MODEL_TOML)
     return str(path)
 
 
