@@ -292,6 +292,33 @@ class LayerBuilder:
             self._after, self._before_wgrad = None, len(self.ops) - 1
         return out
 
+    # --- MoE token routing (no-ops for dense models) -------------------------------------
+    def moe_dispatch_fwd(self) -> None:
+        """Router GEMM, gathering each token's copies per expert, and the all-to-all to their ranks."""
+        m = self.m
+        if m.moe is None:
+            return
+        h, act = m.hidden_size, self.dt.act
+        self.gemm("router", self.T, m.moe.num_experts, h, self.dt.gemm)
+        self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, "other",
+                 transient=self.mlp_tokens * h * act)
+        self.ep_all_to_all("moe_dispatch.all_to_all", self.mlp_tokens * h * act)
+
+    def moe_combine_fwd(self) -> None:
+        """Expert outputs back to their tokens' ranks, then the weighted sum over the top-k."""
+        if self.m.moe is None:
+            return
+        nbytes = self.mlp_tokens * self.m.hidden_size * self.dt.act
+        self.ep_all_to_all("moe_combine.all_to_all", nbytes)
+        self.mem("moe_combine", "copy", 2 * nbytes, 4, "other")
+
+    def moe_combine_bwd(self) -> None:
+        if self.m.moe is None:
+            return
+        nbytes = self.mlp_tokens * self.m.hidden_size * self.dt.act
+        self.mem("moe_combine.bwd", "copy", 2 * nbytes, 4, "other")
+        self.ep_all_to_all("moe_combine.bwd.all_to_all", nbytes)
+
     def gathered_grad(self, grad: str, tensor_bytes: float) -> str:
         """A branch's output gradient, all-gathered over the sequence under sequence parallelism
         (the sharded copy is freed); the name to use from here on."""
@@ -440,11 +467,7 @@ class LayerBuilder:
         self.mem("post_attn_norm", _dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
                  creates={"n2.normed": Tn * h * 4, "n2.rstd": Tn * 4, "n2.out": Tn * h * rs}, transient=Tn * h * 4)
         gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
-        if m.moe is not None:
-            self.gemm("router", T, m.moe.num_experts, h, dt.gemm)
-            self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, "other",
-                     transient=self.mlp_tokens * h * act)
-            self.ep_all_to_all("moe_dispatch.all_to_all", self.mlp_tokens * h * act)
+        self.moe_dispatch_fwd()
         mlp_outs = ("gate", "up")[: len(self.mlp_in)]
         for p, out in zip(self.mlp_in, mlp_outs):
             kept[p.name] = self.projection_fwd(p, gathered or "n2.out", rs, out)
@@ -461,9 +484,7 @@ class LayerBuilder:
                  SWIGLU_FWD_KERNELS, "elementwise", creates={"act": ff, "prod": ff})
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
         self.release(list(mlp_outs) + ["act", "prod"])
-        if m.moe is not None:
-            self.ep_all_to_all("moe_combine.all_to_all", self.mlp_tokens * h * act)
-            self.mem("moe_combine", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
+        self.moe_combine_fwd()
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
         self.mem("mlp_residual", "add", Tn * h * (2 * rs + act), 1, "elementwise",
                  creates={"x_next": Tn * h * rs}, frees=[mlp_out])
@@ -488,9 +509,7 @@ class LayerBuilder:
         self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0, "elementwise",
                  creates={"g_mlp_out": Tn * h * act})
         g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
-        if m.moe is not None:
-            self.mem("moe_combine.bwd", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
-            self.ep_all_to_all("moe_combine.bwd.all_to_all", self.mlp_tokens * h * act)
+        self.moe_combine_bwd()
         self.projection_bwd(self.down, g_mlp_out, "g_prod", kept["down_proj"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
         grads_in = {f"g_{n}": ff for n in ("gate", "up")[: len(self.mlp_in)]}
@@ -609,11 +628,7 @@ class LayerBuilder:
         self._fused_residual_fwd("attn_residual", attn_out, "h1", "drop1.mask")
         self._fused_norm_fwd("post_attn_norm", "n2", rs, Tn)
         gathered = self.tp_gather("n2.all_gather", T * h * act, "n2.g")
-        if m.moe is not None:
-            self.gemm("router", T, m.moe.num_experts, h, dt.gemm)
-            self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, "other",
-                     transient=self.mlp_tokens * h * act)
-            self.ep_all_to_all("moe_dispatch.all_to_all", self.mlp_tokens * h * act)
+        self.moe_dispatch_fwd()
         kept["fc1"] = self.projection_fwd(self.fc1, gathered or "n2.out", act, "fc1")
         if gathered:
             self.t.free(self.ops[-1], [gathered])
@@ -629,9 +644,7 @@ class LayerBuilder:
                       creates={"act": ff})
         kept["down_proj"] = self.projection_fwd(self.down, "act", act, "mlp_out")
         self.release(["fc1", "act"])
-        if m.moe is not None:
-            self.ep_all_to_all("moe_combine.all_to_all", self.mlp_tokens * h * act)
-            self.mem("moe_combine", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
+        self.moe_combine_fwd()
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
         self._fused_residual_fwd("mlp_residual", mlp_out, "x_next", "drop2.mask")
         self.release(["h1"])
@@ -767,9 +780,7 @@ class LayerBuilder:
         # MLP branch
         self._fused_residual_bwd("mlp_residual.bwd", "drop2.mask", "g_mlp_out")
         g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
-        if m.moe is not None:
-            self.mem("moe_combine.bwd", "copy", 2 * self.mlp_tokens * h * act, 4, "other")
-            self.ep_all_to_all("moe_combine.bwd.all_to_all", self.mlp_tokens * h * act)
+        self.moe_combine_bwd()
         self.projection_bwd(self.down, g_mlp_out, "g_act", kept["down_proj"])
         ff_in = self.mlp_tokens * self.fc1.n_out * act
         ff = self.mlp_tokens * self.down.n_in * act
