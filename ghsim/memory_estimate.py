@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ghsim.graph.step import param_counts
 from ghsim.graph.transformer import Dtypes
-from ghsim.hardware import Hardware
+from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan, Precision, Recompute
 
@@ -37,7 +37,6 @@ from ghsim.plan import Framework, Plan, Precision, Recompute
 # lies within 10% of the replayed HBM peak; for other plans it is never above
 # the peak by more than this (tests/test_search_memory.py).
 MARGIN = 0.10
-GB = 1e9
 # frameworks whose buffers the estimate follows; for others it counts weights and optimizer
 # states only (a lower reading that stays safe for pruning)
 KNOWN_FRAMEWORKS = ("torch-amp", "fsdp-mixed", "deepspeed")

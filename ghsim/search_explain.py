@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from ghsim.hardware import Hardware, load_hardware, profile_names
+from ghsim.hardware import GB, Hardware, load_hardware, profile_names
 from ghsim.memory_estimate import MARGIN, estimate_memory
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
@@ -15,7 +15,6 @@ from ghsim.search import Objective, SearchResult
 from ghsim.search_screen import Evaluation, Status
 from ghsim.search_space import SEARCHED
 
-GB = 1e9
 
 
 def reproduce_flags(plan: Plan) -> str:

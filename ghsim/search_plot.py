@@ -9,12 +9,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ghsim.hardware import GB  # noqa: E402
 from ghsim.plots import save  # noqa: E402
 from ghsim.search import SearchResult  # noqa: E402
 from ghsim.search_explain import pareto_front  # noqa: E402
 from ghsim.search_screen import Status  # noqa: E402
 
-GB = 1e9
 
 
 def compact_label(p) -> str:

@@ -25,7 +25,7 @@ from enum import Enum
 from ghsim.cost.calibration import Calibration
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES
-from ghsim.hardware import Hardware
+from ghsim.hardware import GB, Hardware
 from ghsim.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover
 from ghsim.report import StepReport
 from ghsim.simulate import model_flops, simulate
 
-GB = 1e9
 
 
 class Status(str, Enum):

@@ -25,7 +25,7 @@ from typing import Callable
 from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
-from ghsim.graph.offload import GradSource, RankHooks, StepFacts, apply_offload_mapped, sync_activation_offload
+from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks, StepFacts, apply_offload_mapped, sync_activation_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
@@ -46,7 +46,6 @@ from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 # Gradient buckets, by framework (bytes of gradients reduced per collective call).
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25), the default
-DEEPSPEED_BUCKET_ELEMENTS = 5e8  # DeepSpeed zero_optimization.reduce_bucket_size default
 # FSDP reduces each wrapped unit (one decoder layer here) on its own.
 
 
