@@ -54,7 +54,7 @@ from ghsim.hardware import Hardware
 from ghsim.host_summary import offload_section, per_node
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
-from ghsim.report import StepReport, Timeline, _overlap, step_fields
+from ghsim.report import StepReport, Timeline, _union_length, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
@@ -94,82 +94,152 @@ def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
 
 def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Plan) -> MicrobatchRun:
     g = mb.graph
+    ops = g.ops
     resources = level1_resources(hw)
     index = {r.name: i for i, r in enumerate(resources)}
-    issue = {id(o): (cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0) for o in g.ops}
-    gap = {id(o): cost.kernel_gap(o, plan.cuda_graphs) for o in g.ops}  # idle stream before each op's kernels
-    lead_gap = np.fromiter((gap[id(o)] for o in g.ops), float, len(g.ops))
-    sched = engine.run(resources, [index[o.resource] for o in g.ops], [o.duration + gap[id(o)] for o in g.ops],
-                       g.deps, [issue[id(o)] for o in g.ops], [o.host_waits for o in g.ops])
-    ops, end = g.ops, sched.end
-    compute = [i for i, o in enumerate(ops) if o.resource not in NOT_COMPUTE]
-    t_fwd = max((end[i] for i in compute if i <= mb.fwd_last), default=0.0)
-    t_bwd = max((end[i] for i in compute if i < mb.tail_first), default=t_fwd)
+    # replicated layers share op objects: price each distinct op once
+    priced: dict[int, tuple[float, float]] = {}
+    for o in ops:
+        if id(o) not in priced:  # (host issue cost, idle stream before the op's kernels)
+            priced[id(o)] = (cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0,
+                             cost.kernel_gap(o, plan.cuda_graphs))
+    issue = [priced[id(o)][0] for o in ops]
+    lead_gap = np.array([priced[id(o)][1] for o in ops])
+    duration = (np.array([o.duration for o in ops]) + lead_gap).tolist()
+    sched = engine.run(resources, [index[o.resource] for o in ops], duration, g.deps, issue,
+                       [o.host_waits for o in ops])
+    cols = OpColumns.of(ops)
+    end = sched.end
+    idx = np.arange(len(ops))
+    compute = ~cols.not_compute
+    t_fwd = _latest(end[compute & (idx <= mb.fwd_last)], 0.0)
+    t_bwd = _latest(end[compute & (idx < mb.tail_first)], t_fwd)
     # after backward: its gradient reductions, and offloaded gradients still on their way to the host
-    after_bwd = [i for i, o in enumerate(ops) if (o.resource == "dp" and o.phase == "bwd")
-                 or (o.resource in HOST_SIDE and o.phase != "opt")]
-    t_dp = max([t_bwd] + [end[i] for i in after_bwd])
+    t_dp = _latest(end[cols.dp_bwd | (cols.host_side & ~cols.opt_phase)], t_bwd)
     # the optimizer: on the compute stream, and (offloaded) on the host and its copy engines
-    opt = [i for i, o in enumerate(ops) if (i >= mb.tail_first and o.resource not in NOT_COMPUTE)
-           or (o.resource in HOST_SIDE and o.phase == "opt")]
-    t_opt = max([t_bwd, t_dp] + [end[i] for i in opt])
+    t_opt = _latest(end[(compute & (idx >= mb.tail_first)) | (cols.host_side & cols.opt_phase)], max(t_bwd, t_dp))
     makespan = max(sched.makespan, t_opt)
     times = {"t_fwd": t_fwd, "t_bwd": t_bwd, "t_dp": t_dp, "t_opt": t_opt, "makespan": makespan}
     tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch, lead_gap)
     segments = {
-        "fwd": window(tl, 0.0, t_fwd),
-        "bwd": window(tl, t_fwd, t_bwd),
-        "opt": window(tl, max(t_bwd, t_dp), t_opt),
+        "fwd": window(tl, 0.0, t_fwd, cols),
+        "bwd": window(tl, t_fwd, t_bwd, cols),
+        "opt": window(tl, max(t_bwd, t_dp), t_opt, cols),
     }
     return MicrobatchRun(mb, sched, times, segments)
 
 
-def window(tl: Timeline, a: float, b: float) -> Segment:
+def _latest(ends: np.ndarray, floor: float) -> float:
+    return max(floor, float(ends.max())) if len(ends) else floor
+
+
+# where a compute-stream op's time goes: its kernels' categories, or a copy
+_STREAM_CATEGORIES = KERNEL_CATEGORIES + ("memcpy",)
+
+
+@dataclass(frozen=True)
+class OpColumns:
+    """What window() and run_microbatch() ask of every op, as arrays (built once per run)."""
+
+    on_gpu: np.ndarray  # on the compute stream
+    side: np.ndarray  # on another stream (not "gpu", not the memory markers)
+    kernel: np.ndarray  # a GPU kernel category (counts toward kernel-busy time)
+    cpu: np.ndarray  # host-core work
+    not_compute: np.ndarray  # does not hold up the compute stream's spans (NOT_COMPUTE)
+    host_side: np.ndarray  # offload copies and CPU work
+    opt_phase: np.ndarray
+    dp_bwd: np.ndarray  # a backward gradient reduction
+    shares: np.ndarray  # (ops, _STREAM_CATEGORIES): how a compute-stream op's busy time splits
+
+    @staticmethod
+    def of(ops: list[Op]) -> "OpColumns":
+        # replicated layers share op objects: describe each distinct op once, then index
+        col = {c: k for k, c in enumerate(_STREAM_CATEGORIES)}
+        row_of: dict[int, int] = {}
+        flags, shares = [], []
+        for op in ops:
+            if id(op) in row_of:
+                continue
+            row_of[id(op)] = len(flags)
+            r = op.resource
+            flags.append((r == "gpu", r not in ("gpu", "mem"), op.category in KERNEL_CATEGORIES, op.category == CPU,
+                          r in NOT_COMPUTE, r in HOST_SIDE, op.phase == "opt", r == "dp" and op.phase == "bwd"))
+            share = [0.0] * len(col)
+            if op.category in KERNEL_CATEGORIES:  # composite ops split over the categories of their kernels
+                for cat, part in op.split or ((op.category, 1.0),):
+                    share[col[cat]] += part
+            else:
+                share[col["memcpy" if op.category == COPY else "other"]] = 1.0
+            shares.append(share)
+        rows = np.fromiter((row_of[id(op)] for op in ops), np.intp, len(ops))
+        f = np.array(flags, bool).reshape(-1, 8)[rows]
+        return OpColumns(*f.T, shares=np.array(shares).reshape(-1, len(col))[rows])
+
+
+def window(tl: Timeline, a: float, b: float, cols: OpColumns | None = None) -> Segment:
     """Where the compute stream's time in [a, b) went (kernels by category, and what it waited for)."""
     ops, sched = tl.ops, tl.schedule
+    cols = cols or OpColumns.of(ops)
     start, end = sched.start, sched.end
     lead = tl.lead_gap if tl.lead_gap is not None else np.zeros(len(ops))
+    body = start + lead  # kernels run after their launch gap; the gap is idle
     out: dict[str, float] = {}
-    cpu = np.fromiter((op.category == CPU for op in ops), bool, len(ops))
-    cpu_s, cpu_e = start[cpu], end[cpu]  # host cores (one in-order pool): an offloaded optimizer
+    on_cpu = _Coverage(start[cols.cpu], end[cols.cpu])  # host cores (one in-order pool): an offloaded optimizer
 
     def wait(key: str, x: float, y: float) -> None:
         """The stream idles over [x, y) for `key`; while host cores work, for them (as on one GPU)."""
-        on_cpu = _overlap(x, y, cpu_s, cpu_e) if key.startswith("wait_") and key != "wait_cpu" else 0.0
-        if on_cpu:
-            out["wait_cpu"] = out.get("wait_cpu", 0.0) + on_cpu
-        out[key] = out.get(key, 0.0) + y - x - on_cpu
+        cpu_s = on_cpu.over(x, y) if key.startswith("wait_") and key != "wait_cpu" else 0.0
+        if cpu_s:
+            out["wait_cpu"] = out.get("wait_cpu", 0.0) + cpu_s
+        out[key] = out.get(key, 0.0) + y - x - cpu_s
 
-    cursor = a
-    intervals = []
-    for i, op in enumerate(ops):
-        body = start[i] + lead[i]  # kernels run after their launch gap; the gap is idle
-        s, e = max(start[i], a), min(end[i], b)
-        if op.category in KERNEL_CATEGORIES and e > max(body, a):
-            intervals.append((max(body, a), e))
-        if op.resource != "gpu" or end[i] <= a or start[i] >= b:
-            continue
-        if s > cursor:
-            wait(_waited_for(i, tl), cursor, s)
-        if e > s:
-            s = max(s, cursor)
-            idle = max(0.0, min(body, e) - s)
-            if idle:
-                out["wait_kernel_gaps"] = out.get("wait_kernel_gaps", 0.0) + idle
-            if op.category in KERNEL_CATEGORIES:  # composite ops split over the categories of their kernels
-                for cat, share in op.split or ((op.category, 1.0),):
-                    out[cat] = out.get(cat, 0.0) + (e - s - idle) * share
-            else:
-                cat = "memcpy" if op.category == COPY else "other"
-                out[cat] = out.get(cat, 0.0) + e - s - idle
-            cursor = max(cursor, e)
-    if b > cursor:  # the window ends on another stream: a collective, a copy or the CPU
-        last = [i for i, op in enumerate(ops) if op.resource not in ("gpu", "mem") and a < end[i] <= b + 1e-12]
-        key = ops[max(last, key=lambda i: end[i])].category if last else "wait_other"
+    # the compute stream's ops in the window, in order (one stream: they never overlap)
+    g = np.flatnonzero(cols.on_gpu & (end > a) & (start < b))
+    s, e = np.maximum(start[g], a), np.minimum(end[g], b)
+    cursor = np.maximum.accumulate(np.concatenate(([a], e)))  # cursor[k]: where the stream was before op k
+    for k in np.flatnonzero(s > cursor[:-1]):
+        wait(_waited_for(int(g[k]), tl), float(cursor[k]), float(s[k]))
+    s = np.maximum(s, cursor[:-1])
+    runs = e > s
+    idle = np.where(runs, np.clip(np.minimum(body[g], e) - s, 0.0, None), 0.0)
+    if idle.any():
+        out["wait_kernel_gaps"] = float(idle.sum())
+    for cat, t in zip(_STREAM_CATEGORIES, np.where(runs, e - s - idle, 0.0) @ cols.shares[g]):
+        if t:
+            out[cat] = out.get(cat, 0.0) + float(t)
+    last = float(cursor[-1])
+    if b > last:  # the window ends on another stream: a collective, a copy or the CPU
+        ending = np.flatnonzero(cols.side & (end > a) & (end <= b + 1e-12))
+        key = ops[int(ending[np.argmax(end[ending])])].category if len(ending) else "wait_other"
         key = {CPU: "wait_cpu", COPY: "wait_transfer"}.get(key, key)
         key = key if key in KERNEL_CATEGORIES or key.startswith("wait_") else "wait_other"
-        wait(key, cursor, b)
-    return Segment(b - a, out, _union(intervals))
+        wait(key, last, b)
+    # kernel-busy time: kernels of every stream (communication too), overlaps counted once
+    lo, hi = np.maximum(body, a), np.minimum(end, b)
+    busy = cols.kernel & (hi > lo)
+    return Segment(b - a, out, _union_length(lo[busy], hi[busy]))
+
+
+class _Coverage:
+    """Time covered by disjoint, ordered intervals, asked of many spans (prefix sums, no scan per span)."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+        if len(starts) > 1 and (starts[1:] < ends[:-1]).any():  # not one in-order stream: merge overlaps
+            order = np.argsort(starts, kind="stable")
+            starts, ends = starts[order], np.maximum.accumulate(ends[order])
+            first = np.concatenate(([True], starts[1:] > ends[:-1]))  # where a merged interval begins
+            starts, ends = starts[first], np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
+        self.starts, self.ends = starts, ends
+        self.before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # covered before interval k
+
+    def upto(self, t: float) -> float:
+        k = int(np.searchsorted(self.starts, t, side="right"))  # intervals starting at or before t
+        return float(self.before[k - 1] + min(t, self.ends[k - 1]) - self.starts[k - 1]) if k else 0.0
+
+    def over(self, x: float, y: float) -> float:
+        if len(self.starts) == 0 or y <= x:
+            return 0.0
+        return self.upto(y) - self.upto(x)
 
 
 def _waited_for(i: int, tl: Timeline) -> str:
@@ -183,18 +253,6 @@ def _waited_for(i: int, tl: Timeline) -> str:
     if abs(tl.schedule.issue[i] - s) < 1e-12:
         return "wait_host_launch"
     return "wait_other"
-
-
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    return total + (cur_e - cur_s if cur_e is not None else 0.0)
 
 
 def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> ChunkTimes:

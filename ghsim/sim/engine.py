@@ -71,6 +71,7 @@ def run(
     watched = {k for ks in slowing for k in ks}
     busy: dict[int, tuple[list[float], list[float], bool]] = {
         k: ([], [], resources[k].servers == 1) for k in watched}
+    latest = [0.0] * len(resources)  # the last end of each watched resource's work so far
     host = 0.0
     for i in range(n):
         host += issue_cost[i]
@@ -88,10 +89,13 @@ def run(
             s = last_start[r]
         e = s + duration[i]
         if slowing[r] and duration[i] > 0:
-            e = _shared_end(s, duration[i], resources[r].slowdown, [busy[k] for k in slowing[r]])
+            # (most ops start after every slowing stream has gone idle: nothing to look up)
+            if any(latest[k] > s for k in slowing[r]):
+                e = _shared_end(s, duration[i], resources[r].slowdown, [busy[k] for k in slowing[r]])
         if r in watched:
             busy[r][0].append(s)
             busy[r][1].append(e)
+            latest[r] = max(latest[r], e)
         heapq.heapreplace(free, e)
         last_start[r] = s
         start[i] = s
