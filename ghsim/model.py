@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,59 +40,59 @@ class ModelSpec:
     # --attention-dropout); the fused-kernel builder prices its masks and kernels, eager ignores it
     dropout: float = 0.0
 
-    # --- parameter counts (elements) -------------------------------------
-    @property
+    # --- parameter counts (elements); cached: the plan search asks for them per candidate --
+    @cached_property
     def q_dim(self) -> int:
         return self.num_attention_heads * self.head_dim
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def attention_params(self) -> int:
         # q, k, v, o projections (no biases in Llama-style models)
         return self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
 
-    @property
+    @cached_property
     def mlp_matrices(self) -> int:
         return 3 if self.mlp == "swiglu" else 2
 
-    @property
+    @cached_property
     def dense_mlp_params(self) -> int:
         return self.mlp_matrices * self.hidden_size * self.intermediate_size
 
-    @property
+    @cached_property
     def expert_params(self) -> int:
         """Parameters of one expert (MoE only)."""
         assert self.moe is not None
         return self.mlp_matrices * self.hidden_size * self.moe.expert_intermediate_size
 
-    @property
+    @cached_property
     def mlp_params(self) -> int:
         if self.moe is None:
             return self.dense_mlp_params
         router = self.hidden_size * self.moe.num_experts
         return self.moe.num_experts * self.expert_params + router
 
-    @property
+    @cached_property
     def norm_params(self) -> int:
         per_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
         return 2 * per_norm
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         return self.attention_params + self.mlp_params + self.norm_params
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
-    @property
+    @cached_property
     def lm_head_params(self) -> int:
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         final_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
         return (
@@ -101,7 +102,7 @@ class ModelSpec:
             + final_norm
         )
 
-    @property
+    @cached_property
     def active_params_per_token(self) -> int:
         """Parameters one token touches (MoE: only its top-k experts)."""
         if self.moe is None:

@@ -330,10 +330,11 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
                     est = estimate_memory(model, hw, plan)
                     if not may_fit(est, hw, plan):
                         # activations only grow with the micro-batch: the larger ones cannot fit either
+                        why = _why(est, hw, plan)
                         for m in g.micro_batches[i:]:
                             for cg in g.cuda_graphs:
                                 pruned.append(Evaluation(plan.with_(micro_batch=m, cuda_graphs=cg), Status.PRUNED,
-                                                         _why(est, hw, plan), est.hbm_bytes))
+                                                         why, est.hbm_bytes))
                         tick.add((len(g.micro_batches) - i) * len(g.cuda_graphs))
                         break
                     for cg in g.cuda_graphs:

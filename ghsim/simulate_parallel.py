@@ -264,6 +264,82 @@ def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> C
     )
 
 
+@dataclass(frozen=True)
+class RankPricing:
+    """What pricing one rank's work takes: its layout, links, host share and cost model."""
+
+    layout: Layout
+    cost: CostModel
+    fabric: Fabric
+    host_side: HostSide
+
+    @staticmethod
+    def of(hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
+           host_side: HostSide | None = None) -> "RankPricing":
+        host_side = host_side or HostSide.of(hw, plan, calibration)  # host link, CPU and memory shared per node
+        return RankPricing(Layout.of(plan, hw), CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan)),
+                           fabric or Fabric.of(hw), host_side)
+
+    def comm_time(self, kind: str, nbytes: float, stream: str, calls: int) -> float:
+        return collective_time(kind, nbytes, self.layout.groups()[stream], self.fabric, calls)
+
+    def price(self, op: Op) -> float:
+        if op.kind == K.COLLECTIVE:
+            return self.comm_time(op.variant, op.bytes, op.resource, op.kernels)
+        return self.cost.duration(op)
+
+
+Runs = dict[tuple[bool, bool], tuple[MicrobatchRun, MicrobatchRun]]  # chunk kind -> (final, middle) micro-batch
+
+
+def chunk_kinds(layout: Layout) -> list[tuple[bool, bool]]:
+    """(holds the embedding, holds the loss) of each pipeline chunk; the others are alike."""
+    J = layout.chunks
+    return [(j == 0, j == J - 1) for j in range(J)]
+
+
+def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int) -> Runs:
+    """Each kind of chunk, `layers` decoder layers long, at kernel level: the step's last
+    micro-batch and (with gradient accumulation) one in the middle of the step."""
+    runs: Runs = {}
+    for first, last in set(chunk_kinds(rank.layout)):
+        def run(final: bool) -> MicrobatchRun:
+            mb = build_microbatch(model, plan, rank.layout, Chunk(layers, first, last), final, rank.price, rank.comm_time)
+            return run_microbatch(mb, hw, rank.cost, plan)
+        final = run(True)
+        runs[(first, last)] = (final, run(False) if plan.grad_accum > 1 else final)
+    return runs
+
+
+def pipeline_inputs(model: ModelSpec, plan: Plan, rank: RankPricing, runs: Runs
+                    ) -> tuple[list[ChunkTimes], list[StageTail]]:
+    """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+    # activations (forward) and their gradients (backward) between stages; with tp > 1 each
+    # tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)
+    act = 2 if plan.precision.is_mixed else 4
+    send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / layout.tp
+    send_s = rank.comm_time("send", send_bytes, "pp", 1) if layout.pp > 1 else 0.0
+    chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
+    tails = []
+    for d in range(layout.pp):
+        mine = [runs[kind_of[c * layout.pp + d]][0] for c in range(layout.interleave)]
+        tails.append(StageTail(sum(r.times["t_opt"] - max(r.times["t_bwd"], r.times["t_dp"]) for r in mine),
+                               max(r.times["makespan"] - r.times["t_opt"] for r in mine)))
+    return chunks, tails
+
+
+def check_host_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> None:
+    """Every GPU of a node holds its own shard of the offloaded state: refuse what the node cannot hold."""
+    if not resolve_offload(plan).any:
+        return
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+    per_chunk = model.num_layers // layout.chunks
+    need = max((_stage_host_static(model, plan, layout, d, kind_of, per_chunk) for d in range(layout.pp)),
+               key=lambda st: sum(st.values()))
+    check_host_capacity(need, rank.host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
+
+
 def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
                       keep_timeline: bool = True, fabric: Fabric | None = None,
                       host_side: HostSide | None = None) -> StepReport:
@@ -271,51 +347,15 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     from ghsim.simulate import model_flops  # (simulate imports this module)
 
     check_offload(plan)
-    layout = Layout.of(plan, hw)
-    host_side = host_side or HostSide.of(hw, plan, calibration)  # host link, CPU and memory shared per node
-    cost = CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan))
-    fabric = fabric or Fabric.of(hw)
+    rank = RankPricing.of(hw, plan, calibration, fabric, host_side)
+    layout, host_side, fabric = rank.layout, rank.host_side, rank.fabric
+    check_host_memory(model, hw, plan, rank)
     groups = layout.groups()
-    J = layout.chunks
-    per_chunk = model.num_layers // J
-    kind_of = [(j == 0, j == J - 1) for j in range(J)]
-    if resolve_offload(plan).any:  # every GPU of a node holds its own shard of the offloaded state
-        need = max((_stage_host_static(model, plan, layout, d, kind_of, per_chunk) for d in range(layout.pp)),
-                   key=lambda st: sum(st.values()))
-        check_host_capacity(need, host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
-
-    def comm_time(kind: str, nbytes: float, stream: str, calls: int) -> float:
-        return collective_time(kind, nbytes, groups[stream], fabric, calls)
-
-    def price(op: Op) -> float:
-        if op.kind == K.COLLECTIVE:
-            return comm_time(op.variant, op.bytes, op.resource, op.kernels)
-        return cost.duration(op)
-
+    per_chunk = model.num_layers // layout.chunks
+    kind_of = chunk_kinds(layout)
     M, pp, v = plan.grad_accum, layout.pp, layout.interleave
-    kinds = set(kind_of)
-    runs: dict[tuple[bool, bool], tuple[MicrobatchRun, MicrobatchRun]] = {}
-    for first, last in kinds:
-        chunk = Chunk(per_chunk, first, last)
-        final = run_microbatch(build_microbatch(model, plan, layout, chunk, True, price, comm_time), hw, cost, plan)
-        middle = final
-        if M > 1:
-            middle = run_microbatch(build_microbatch(model, plan, layout, chunk, False, price, comm_time),
-                                    hw, cost, plan)
-        runs[(first, last)] = (final, middle)
-
-    # activations (forward) and their gradients (backward) between stages; with tp > 1 each
-    # tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)
-    act = 2 if plan.precision.is_mixed else 4
-    send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / layout.tp
-    send_s = comm_time("send", send_bytes, "pp", 1) if pp > 1 else 0.0
-    chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
-    tails = []
-    for d in range(pp):
-        mine = [runs[kind_of[c * pp + d]][0] for c in range(v)]
-        tails.append(StageTail(sum(r.times["t_opt"] - max(r.times["t_bwd"], r.times["t_dp"]) for r in mine),
-                               max(r.times["makespan"] - r.times["t_opt"] for r in mine)))
-    pipe = schedule_pipeline(pp, v, M, chunks, tails)
+    runs = run_chunks(model, hw, plan, rank, per_chunk)
+    pipe = schedule_pipeline(pp, v, M, *pipeline_inputs(model, plan, rank, runs))
     step_time = pipe.schedule.makespan
 
     # --- time breakdown and utilization of each stage ------------------------------------------

@@ -10,17 +10,14 @@ from click.testing import CliRunner
 
 from ghsim.cli import main
 from ghsim.cost.calibration import Calibration
-from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
-from ghsim.cost.links import Fabric, collective_time
 from ghsim.errors import GhsimError
-from ghsim.graph import ops as K
-from ghsim.graph.parallel import Chunk, Layout, build_microbatch
+from ghsim.graph.parallel import Chunk, build_microbatch
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Plan, plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.simulate_parallel import run_microbatch
+from ghsim.simulate_parallel import RankPricing, run_microbatch
 
 H100 = load_hardware("h100-sxm")
 QUAD = load_hardware("gh200-96gb-quad")
@@ -37,19 +34,10 @@ def plan(**kw) -> Plan:
 def micro_batch(cal: Calibration, model: ModelSpec, hw, p: Plan, final: bool = True, first: bool = True,
                 last: bool = True):
     """The kernel-level graph of one rank's micro-batch, and its run (as simulate_parallel builds it)."""
-    layout = Layout.of(p, hw)
-    cost = CostModel(hw, cal, HostSide.of(hw, p, cal), LaunchCosts.of(hw, cal, p))
-    fabric, groups = Fabric.of(hw), layout.groups()
-
-    def comm_time(kind, nbytes, stream, calls):
-        return collective_time(kind, nbytes, groups[stream], fabric, calls)
-
-    def price(op):
-        return comm_time(op.variant, op.bytes, op.resource, op.kernels) if op.kind == K.COLLECTIVE else cost.duration(op)
-
-    chunk = Chunk(model.num_layers // layout.chunks, first, last)
-    mb = build_microbatch(model, p, layout, chunk, final, price, comm_time)
-    return mb, run_microbatch(mb, hw, cost, p)
+    rank = RankPricing.of(hw, p, cal)
+    chunk = Chunk(model.num_layers // rank.layout.chunks, first, last)
+    mb = build_microbatch(model, p, rank.layout, chunk, final, rank.price, rank.comm_time)
+    return mb, run_microbatch(mb, hw, rank.cost, p)
 
 
 def named(graph, name):
