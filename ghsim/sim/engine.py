@@ -64,14 +64,17 @@ def run(
     start = [0.0] * n
     end = [0.0] * n
     issued = [0.0] * n
-    servers = [[0.0] * r.servers for r in resources]  # free times, kept as heaps
+    # a one-server queue is a float (its free time); a pool keeps its servers' free times in a heap
+    single = [r.servers == 1 for r in resources]
+    free_at = [0.0] * len(resources)
+    servers = [[0.0] * r.servers for r in resources]
     last_start = [0.0] * len(resources)
     names = {r.name: k for k, r in enumerate(resources)}
     slowing = [[names[x] for x in r.slowed_by if x in names] if r.slowdown > 0 else [] for r in resources]
-    watched = {k for ks in slowing for k in ks}
+    slows = [[r for r, ks in enumerate(slowing) if k in ks] for k in range(len(resources))]  # whom k slows
     busy: dict[int, tuple[list[float], list[float], bool]] = {
-        k: ([], [], resources[k].servers == 1) for k in watched}
-    latest = [0.0] * len(resources)  # the last end of each watched resource's work so far
+        k: ([], [], single[k]) for k in range(len(resources)) if slows[k]}
+    slowed_until = [0.0] * len(resources)  # the last end of work on any resource slowing this one
     host = 0.0
     for i in range(n):
         host += issue_cost[i]
@@ -83,21 +86,28 @@ def run(
             if end[d] > ready:
                 ready = end[d]
         r = resource_of[i]
-        free = servers[r]
-        s = free[0] if free[0] > ready else ready
-        if last_start[r] > s:
-            s = last_start[r]
+        if single[r]:  # in order, one at a time: after the op before it
+            s = free_at[r] if free_at[r] > ready else ready
+        else:
+            free = servers[r]
+            s = free[0] if free[0] > ready else ready
+            if last_start[r] > s:
+                s = last_start[r]
         e = s + duration[i]
-        if slowing[r] and duration[i] > 0:
-            # (most ops start after every slowing stream has gone idle: nothing to look up)
-            if any(latest[k] > s for k in slowing[r]):
-                e = _shared_end(s, duration[i], resources[r].slowdown, [busy[k] for k in slowing[r]])
-        if r in watched:
+        # (most ops start after every slowing stream has gone idle: nothing to look up)
+        if slowed_until[r] > s and duration[i] > 0:
+            e = _shared_end(s, duration[i], resources[r].slowdown, [busy[k] for k in slowing[r]])
+        if slows[r]:
             busy[r][0].append(s)
             busy[r][1].append(e)
-            latest[r] = max(latest[r], e)
-        heapq.heapreplace(free, e)
-        last_start[r] = s
+            for q in slows[r]:
+                if e > slowed_until[q]:
+                    slowed_until[q] = e
+        if single[r]:
+            free_at[r] = e
+        else:
+            heapq.heapreplace(servers[r], e)
+            last_start[r] = s
         start[i] = s
         end[i] = e
         if host_waits[i] and e > host:
