@@ -3,6 +3,7 @@ CPU optimizer time, and how much of it the GPU waited for (the report's "offload
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,24 +19,53 @@ if TYPE_CHECKING:
     from ghsim.graph.unified_memory import UnifiedMemoryUse
 
 
+@dataclass(frozen=True)
+class HostTraffic:
+    """Bytes each way over the host link, busy seconds of the copy engines and host cores,
+    and seconds of CPU optimizer work, in some stretch of simulated work."""
+
+    bytes_h2d: float = 0.0
+    bytes_d2h: float = 0.0
+    busy_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # h2d, d2h, cpu
+    cpu_optimizer_s: float = 0.0
+
+    @staticmethod
+    def of(ops: list, start: np.ndarray, end: np.ndarray) -> "HostTraffic":
+        dur = (end - start).tolist()
+        moved = {K.H2D: 0.0, K.D2H: 0.0}
+        busy = {"h2d": 0.0, "d2h": 0.0, "cpu": 0.0}
+        cpu_optimizer = 0.0
+        for op, d in zip(ops, dur):
+            if op.kind in moved and op.phase != "data":
+                moved[op.kind] += op.bytes
+            if op.resource in busy:
+                busy[op.resource] += d
+            if op.kind == K.OPT_CPU:
+                cpu_optimizer += d
+        return HostTraffic(moved[K.H2D], moved[K.D2H], tuple(busy.values()), cpu_optimizer)
+
+    def __add__(self, other: "HostTraffic") -> "HostTraffic":
+        return HostTraffic(self.bytes_h2d + other.bytes_h2d, self.bytes_d2h + other.bytes_d2h,
+                           tuple(a + b for a, b in zip(self.busy_s, other.busy_s)),
+                           self.cpu_optimizer_s + other.cpu_optimizer_s)
+
+    def times(self, k: int) -> "HostTraffic":
+        """The same work done k times."""
+        return HostTraffic(self.bytes_h2d * k, self.bytes_d2h * k, tuple(b * k for b in self.busy_s),
+                           self.cpu_optimizer_s * k)
+
+
 def offload_section(timeline: Timeline, breakdown: dict[str, float], plan: Plan, hw: Hardware) -> dict[str, Any]:
-    ops, sched = timeline.ops, timeline.schedule
-    dur = sched.end - sched.start
-    bytes_by_dir = {K.H2D: 0.0, K.D2H: 0.0}
-    busy = {"h2d": 0.0, "d2h": 0.0, "cpu": 0.0}
-    cpu_optimizer = 0.0
-    for i, op in enumerate(ops):
-        if op.kind in bytes_by_dir and op.phase != "data":
-            bytes_by_dir[op.kind] += op.bytes
-        if op.resource in busy:
-            busy[op.resource] += float(dur[i])
-        if op.kind == K.OPT_CPU:
-            cpu_optimizer += float(dur[i])
+    sched = timeline.schedule
+    return traffic_section(HostTraffic.of(timeline.ops, sched.start, sched.end), breakdown, plan, hw)
+
+
+def traffic_section(traffic: HostTraffic, breakdown: dict[str, float], plan: Plan, hw: Hardware) -> dict[str, Any]:
     setup = resolve(plan)
     exposed = breakdown.get("wait_transfer", 0.0) + breakdown.get("memcpy", 0.0)
     link = hw.host_link
-    summary = (f"{setup.schedule.value} schedule over {link.kind}: {bytes_by_dir[K.D2H] / 1e9:.2f} GB down, "
-               f"{bytes_by_dir[K.H2D] / 1e9:.2f} GB up; CPU optimizer {cpu_optimizer * 1e3:.1f} ms; "
+    summary = (f"{setup.schedule.value} schedule over {link.kind}: {traffic.bytes_d2h / 1e9:.2f} GB down, "
+               f"{traffic.bytes_h2d / 1e9:.2f} GB up; CPU optimizer {traffic.cpu_optimizer_s * 1e3:.1f} ms; "
                f"GPU waits {exposed * 1e3:.1f} ms on transfers, {breakdown.get('wait_cpu', 0.0) * 1e3:.1f} ms on the CPU")
     return {
         "schedule": setup.schedule.value,
@@ -43,10 +73,10 @@ def offload_section(timeline: Timeline, breakdown: dict[str, float], plan: Plan,
         "cpu_share": setup.cpu_share,
         "pinned": setup.pinned,
         "host_link": link.kind,
-        "bytes_h2d": bytes_by_dir[K.H2D],
-        "bytes_d2h": bytes_by_dir[K.D2H],
-        "busy_s": busy,
-        "cpu_optimizer_s": cpu_optimizer,
+        "bytes_h2d": traffic.bytes_h2d,
+        "bytes_d2h": traffic.bytes_d2h,
+        "busy_s": dict(zip(("h2d", "d2h", "cpu"), traffic.busy_s)),
+        "cpu_optimizer_s": traffic.cpu_optimizer_s,
         "exposed_transfer_s": exposed,
         "summary": summary,
     }

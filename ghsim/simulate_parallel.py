@@ -51,7 +51,7 @@ from ghsim.graph.parallel import (
 )
 from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
 from ghsim.hardware import Hardware
-from ghsim.host_summary import offload_section, per_node
+from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
 from ghsim.report import StepReport, Timeline, _union_length, step_fields
@@ -564,15 +564,14 @@ def _offload_extra(plan: Plan, hw: Hardware, runs, kind_of, rep: int, layout: La
     if not resolve_offload(plan).any:
         return {}
     M = plan.grad_accum
-    ops, start, end = [], [], []
+    traffic = HostTraffic()
     for c in range(layout.interleave):
         final, middle = runs[kind_of[c * layout.pp + rep]]
-        for run in [final] + [middle] * (M - 1):
-            ops += run.mb.graph.ops
-            start.append(run.schedule.start)
-            end.append(run.schedule.end)
-    sched = engine.Schedule(np.concatenate(start), np.concatenate(end), np.zeros(len(ops)), 0.0)
-    section = offload_section(Timeline(ops, [], sched, [], [], []), breakdown, plan, hw)
+        for run, times in ((final, 1), (middle, M - 1)):
+            if times:
+                ops, sched = run.mb.graph.ops, run.schedule
+                traffic += HostTraffic.of(ops, sched.start, sched.end).times(times)
+    section = traffic_section(traffic, breakdown, plan, hw)
     section["per_gpu"] = True  # bytes, busy and CPU times are one GPU's; every GPU does the same
     return {"offload": section}
 
