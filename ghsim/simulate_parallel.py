@@ -97,18 +97,16 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     ops = g.ops
     resources = level1_resources(hw)
     index = {r.name: i for i, r in enumerate(resources)}
-    # replicated layers share op objects: price each distinct op once
-    priced: dict[int, tuple[float, float]] = {}
-    for o in ops:
-        if id(o) not in priced:  # (host issue cost, idle stream before the op's kernels)
-            priced[id(o)] = (cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0,
-                             cost.kernel_gap(o, plan.cuda_graphs))
-    issue = [priced[id(o)][0] for o in ops]
-    lead_gap = np.array([priced[id(o)][1] for o in ops])
-    duration = (np.array([o.duration for o in ops]) + lead_gap).tolist()
-    sched = engine.run(resources, [index[o.resource] for o in ops], duration, g.deps, issue,
-                       [o.host_waits for o in ops])
-    cols = OpColumns.of(ops)
+    # replicated layers share op objects: describe and price each distinct op once, then index
+    distinct, rows = _distinct(ops)
+    cols = OpColumns.of(distinct, rows)
+    issue = np.array([cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0 for o in distinct])
+    gap = np.array([cost.kernel_gap(o, plan.cuda_graphs) for o in distinct])  # idle stream before its kernels
+    duration = np.array([o.duration for o in distinct]) + gap
+    lead_gap = gap[rows]
+    sched = engine.run(resources, np.array([index[o.resource] for o in distinct])[rows].tolist(),
+                       duration[rows].tolist(), g.deps, issue[rows].tolist(),
+                       np.array([o.host_waits for o in distinct], bool)[rows].tolist())
     end = sched.end
     idx = np.arange(len(ops))
     compute = ~cols.not_compute
@@ -152,15 +150,11 @@ class OpColumns:
     shares: np.ndarray  # (ops, _STREAM_CATEGORIES): how a compute-stream op's busy time splits
 
     @staticmethod
-    def of(ops: list[Op]) -> "OpColumns":
-        # replicated layers share op objects: describe each distinct op once, then index
+    def of(distinct: list[Op], rows: np.ndarray) -> "OpColumns":
+        """Columns of the ops `distinct[rows]`."""
         col = {c: k for k, c in enumerate(_STREAM_CATEGORIES)}
-        row_of: dict[int, int] = {}
         flags, shares = [], []
-        for op in ops:
-            if id(op) in row_of:
-                continue
-            row_of[id(op)] = len(flags)
+        for op in distinct:
             r = op.resource
             flags.append((r == "gpu", r not in ("gpu", "mem"), op.category in KERNEL_CATEGORIES, op.category == CPU,
                           r in NOT_COMPUTE, r in HOST_SIDE, op.phase == "opt", r == "dp" and op.phase == "bwd"))
@@ -171,15 +165,28 @@ class OpColumns:
             else:
                 share[col["memcpy" if op.category == COPY else "other"]] = 1.0
             shares.append(share)
-        rows = np.fromiter((row_of[id(op)] for op in ops), np.intp, len(ops))
         f = np.array(flags, bool).reshape(-1, 8)[rows]
         return OpColumns(*f.T, shares=np.array(shares).reshape(-1, len(col))[rows])
+
+
+def _distinct(ops: list[Op]) -> tuple[list[Op], np.ndarray]:
+    """The distinct op objects of `ops` (replicated layers share them), and which one each op is."""
+    row_of: dict[int, int] = {}
+    distinct: list[Op] = []
+    rows = []
+    for op in ops:
+        r = row_of.get(id(op))
+        if r is None:
+            r = row_of[id(op)] = len(distinct)
+            distinct.append(op)
+        rows.append(r)
+    return distinct, np.array(rows, np.intp)
 
 
 def window(tl: Timeline, a: float, b: float, cols: OpColumns | None = None) -> Segment:
     """Where the compute stream's time in [a, b) went (kernels by category, and what it waited for)."""
     ops, sched = tl.ops, tl.schedule
-    cols = cols or OpColumns.of(ops)
+    cols = cols or OpColumns.of(*_distinct(ops))
     start, end = sched.start, sched.end
     lead = tl.lead_gap if tl.lead_gap is not None else np.zeros(len(ops))
     body = start + lead  # kernels run after their launch gap; the gap is idle

@@ -508,7 +508,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         pending_params += cp.head_trainable
     if not fresh_grads:
         _accumulate_instead_of_allocating(rg.g, fwd_last + 1)
-    bwd_last = max(i for i in range(len(rg.g)) if rg.g.ops[i].resource == "gpu")
+    bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == "gpu")
     tail_first = len(rg.g)
     if reducing and pending_grads > 0:
         reduce_grads(pending_grads, pending_params, bwd_last, "bwd")
