@@ -26,7 +26,7 @@ per node: every GPU of the node holds its own offloaded states.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -279,6 +279,7 @@ class RankPricing:
     cost: CostModel
     fabric: Fabric
     host_side: HostSide
+    templates: dict = field(default_factory=dict, compare=False)  # priced op templates, built once per plan
 
     @staticmethod
     def of(hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
@@ -311,7 +312,8 @@ def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, la
     runs: Runs = {}
     for first, last in set(chunk_kinds(rank.layout)):
         def run(final: bool) -> MicrobatchRun:
-            mb = build_microbatch(model, plan, rank.layout, Chunk(layers, first, last), final, rank.price, rank.comm_time)
+            mb = build_microbatch(model, plan, rank.layout, Chunk(layers, first, last), final, rank.price,
+                                  rank.comm_time, rank.templates)
             return run_microbatch(mb, hw, rank.cost, plan)
         final = run(True)
         runs[(first, last)] = (final, run(False) if plan.grad_accum > 1 else final)

@@ -327,8 +327,25 @@ def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
 CommTime = Callable[[str, float, str, int], float]  # (kind, bytes, group/stream, calls) -> seconds
 
 
+def _priced_templates(local: ModelSpec, plan: Plan, split: LayerSplit, price: Callable[[Op], float]) -> dict:
+    """One rank's layer, loss and embedding op templates, priced: the same for every chunk and
+    micro-batch of a plan (builders copy an op with own() before changing it)."""
+    offload = resolve_offload(plan)
+    fwd, bwd, cache_bytes, saved_per_layer = _layer_templates(local, plan, split)
+    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
+        fwd, bwd = sync_activation_offload(fwd, bwd, local, plan, saved_per_layer)  # torch's save_on_cpu
+    t = {"fwd": fwd, "bwd": bwd, "cache_bytes": cache_bytes, "saved_per_layer": saved_per_layer}
+    t["loss_fwd"], t["loss_bwd"] = _loss_ops(local, plan)
+    t["emb_fwd"], t["emb_bwd"] = [_embedding_fwd(local, plan)], _embedding_bwd(local, plan)
+    for name in ("fwd", "bwd", "loss_fwd", "loss_bwd", "emb_fwd", "emb_bwd"):
+        for op in t[name]:
+            op.duration = price(op)
+    return t
+
+
 def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk, final: bool,
-                     price: Callable[[Op], float], comm_time: CommTime) -> MicrobatchGraph:
+                     price: Callable[[Op], float], comm_time: CommTime,
+                     templates: dict | None = None) -> MicrobatchGraph:
     """Forward and backward of one micro-batch of `chunk` on one rank; with `final`, the
     step's last micro-batch: every gradient reduced, then the optimizer and (ZeRO-1/2)
     the all-gather of the updated parameters.
@@ -339,25 +356,23 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     activations and (ZeRO-Infinity) parameter shards cross its host link.
 
     `price` gives compute (and in-layer collective) durations, called once per
-    template op; `comm_time` prices the data-parallel collectives built here.
+    template op; `comm_time` prices the data-parallel collectives built here. `templates`
+    (a dict the caller keeps for one plan) holds the priced templates for the next call.
     """
     local = rank_shard(model, layout)
     split = layout.split()
     dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
     offload = resolve_offload(plan)
-    fwd, bwd, cache_bytes, saved_per_layer = _layer_templates(local, plan, split)
-    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
-        fwd, bwd = sync_activation_offload(fwd, bwd, local, plan, saved_per_layer)  # torch's save_on_cpu
+    t = templates if templates is not None else {}
+    if not t:
+        t.update(_priced_templates(local, plan, split, price))
+    fwd, bwd, cache_bytes, saved_per_layer = t["fwd"], t["bwd"], t["cache_bytes"], t["saved_per_layer"]
     # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
     # weights are gathered per layer and their copies go with the gathered buffer
     zero3_cache = cache_bytes if (plan.zero >= 3 and layout.dp > 1) else 0.0
     cache_bytes -= zero3_cache
-    loss_fwd, loss_bwd = _loss_ops(local, plan) if chunk.last else ([], [])
-    emb_fwd = [_embedding_fwd(local, plan)] if chunk.first else []
-    emb_bwd = _embedding_bwd(local, plan) if chunk.first else []
-    for template in (fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd):
-        for op in template:
-            op.duration = price(op)
+    loss_fwd, loss_bwd = (t["loss_fwd"], t["loss_bwd"]) if chunk.last else ([], [])
+    emb_fwd, emb_bwd = (t["emb_fwd"], t["emb_bwd"]) if chunk.first else ([], [])
     cp = chunk_params(model, plan, layout, chunk)
     dt = Dtypes.of(plan)
     T, h = plan.micro_batch * plan.seq, model.hidden_size
