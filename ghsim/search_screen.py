@@ -35,7 +35,9 @@ try:
 except ImportError:  # pragma: no cover
     OffloadSchedule = None  # type: ignore[assignment,misc]
 from ghsim.report import StepReport
-from ghsim.simulate import model_flops, simulate
+from ghsim.graph.offload import check_offload
+from ghsim.simulate import check_fit_to_model, model_flops, simulate
+from ghsim.simulate_parallel import RankPricing, check_host_memory, simulate_parallel, step_memory
 
 
 
@@ -90,6 +92,8 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
     A screened plan whose step provably takes longer than `bar` seconds stops early.
     """
     try:
+        if plan.gpus > 1:  # simulated whole at every level (see _points)
+            return _parallel(model, hw, plan, cal, est)
         if level == "exact":
             return from_report(plan, simulate(model, hw, plan, cal, keep_timeline=False), est)
         if level == "confirm" or plan.unified_memory:
@@ -98,6 +102,20 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
         return _screen(model, hw, plan, cal, est, bar)
     except GhsimError as e:
         return Evaluation(plan, Status.REJECTED, str(e), est.hbm_bytes if est else math.nan)
+
+
+def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: MemoryEstimate | None) -> Evaluation:
+    """Several GPUs: the memory replay needs only the micro-batch graphs, so it comes first;
+    a plan that does not fit is not timed (its graphs are reused when it is)."""
+    check_fit_to_model(model, hw, plan)
+    check_offload(plan)
+    rank = RankPricing.of(hw, plan, cal)
+    check_host_memory(model, hw, plan, rank)
+    memory = step_memory(model, hw, plan, rank)
+    if memory.problems:
+        return Evaluation(plan, Status.NO_FIT, "; ".join(memory.problems), est.hbm_bytes if est else math.nan,
+                          hbm_peak_bytes=memory.hbm.peak_bytes, host_peak_bytes=memory.host.peak_bytes, exact=True)
+    return from_report(plan, simulate_parallel(model, hw, plan, cal, keep_timeline=False, rank=rank), est)
 
 
 # What one simulation costs, in units of one layer's micro-batch: a fixed part (building

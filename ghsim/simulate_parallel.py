@@ -280,6 +280,7 @@ class RankPricing:
     fabric: Fabric
     host_side: HostSide
     templates: dict = field(default_factory=dict, compare=False)  # priced op templates, built once per plan
+    graphs: dict = field(default_factory=dict, compare=False)  # (layers, chunk kind, final) -> MicrobatchGraph
 
     @staticmethod
     def of(hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
@@ -306,17 +307,25 @@ def chunk_kinds(layout: Layout) -> list[tuple[bool, bool]]:
     return [(j == 0, j == J - 1) for j in range(J)]
 
 
+def chunk_graph(model: ModelSpec, plan: Plan, rank: RankPricing, layers: int, kind: tuple[bool, bool],
+                final: bool) -> MicrobatchGraph:
+    """One micro-batch of a kind of chunk, `layers` decoder layers long (built once per plan)."""
+    key = (layers, kind, final)
+    if key not in rank.graphs:
+        rank.graphs[key] = build_microbatch(model, plan, rank.layout, Chunk(layers, *kind), final, rank.price,
+                                            rank.comm_time, rank.templates)
+    return rank.graphs[key]
+
+
 def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int) -> Runs:
     """Each kind of chunk, `layers` decoder layers long, at kernel level: the step's last
     micro-batch and (with gradient accumulation) one in the middle of the step."""
     runs: Runs = {}
-    for first, last in set(chunk_kinds(rank.layout)):
+    for kind in set(chunk_kinds(rank.layout)):
         def run(final: bool) -> MicrobatchRun:
-            mb = build_microbatch(model, plan, rank.layout, Chunk(layers, first, last), final, rank.price,
-                                  rank.comm_time, rank.templates)
-            return run_microbatch(mb, hw, rank.cost, plan)
+            return run_microbatch(chunk_graph(model, plan, rank, layers, kind, final), hw, rank.cost, plan)
         final = run(True)
-        runs[(first, last)] = (final, run(False) if plan.grad_accum > 1 else final)
+        runs[kind] = (final, run(False) if plan.grad_accum > 1 else final)
     return runs
 
 
@@ -349,14 +358,53 @@ def check_host_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPric
     check_host_capacity(need, rank.host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
 
 
+@dataclass(frozen=True)
+class StepMemory:
+    """HBM and host memory of the step: each stage's peaks, the worst stage's, and what does not fit."""
+
+    stages: list[tuple[TierPeak, TierPeak]]  # per pipeline stage: (HBM of one GPU, host of its node)
+    worst: int  # the stage with the highest HBM peak
+    problems: tuple[str, ...]
+
+    @property
+    def hbm(self) -> TierPeak:  # the memory curves follow the kernel-level replay, not the step: not drawn
+        return replace(self.stages[self.worst][0], curve=None)
+
+    @property
+    def host(self) -> TierPeak:
+        return replace(self.stages[self.worst][1], curve=None)
+
+
+def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> StepMemory:
+    """Memory follows from the micro-batch graphs alone (no timing): the plan search asks it first."""
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+    per_chunk = model.num_layers // layout.chunks
+    finals = {kind: chunk_graph(model, plan, rank, per_chunk, kind, True) for kind in set(kind_of)}
+    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, per_chunk, rank.host_side.node_gpus)
+              for d in range(layout.pp)]
+    worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
+    hbm, host = stages[worst]
+    problems = []
+    if hbm.peak_bytes > hw.hbm.capacity_bytes:
+        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
+        parts = " + ".join(f"{b / 1e9:.1f} GB {k}" for k, b in top)
+        where = f" on pipeline stage {worst}" if layout.pp > 1 else ""
+        problems.append(f"HBM peak{where} {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB "
+                        f"({parts} ...)")
+    if host.peak_bytes > hw.host.capacity_bytes:
+        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
+    return StepMemory(stages, worst, tuple(problems))
+
+
 def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
                       keep_timeline: bool = True, fabric: Fabric | None = None,
-                      host_side: HostSide | None = None) -> StepReport:
-    """`fabric` and `host_side` replace the links and the per-GPU host share the hardware implies."""
+                      host_side: HostSide | None = None, rank: RankPricing | None = None) -> StepReport:
+    """`fabric` and `host_side` replace the links and the per-GPU host share the hardware implies;
+    `rank` (with them) brings graphs already built for this plan (step_memory)."""
     from ghsim.simulate import model_flops  # (simulate imports this module)
 
     check_offload(plan)
-    rank = RankPricing.of(hw, plan, calibration, fabric, host_side)
+    rank = rank or RankPricing.of(hw, plan, calibration, fabric, host_side)
     layout, host_side, fabric = rank.layout, rank.host_side, rank.fabric
     check_host_memory(model, hw, plan, rank)
     groups = layout.groups()
@@ -376,21 +424,8 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     breakdown, utilization = rep_stats["breakdown"], rep_stats["utilization"]
 
     # --- memory of each stage ------------------------------------------------------------------
-    stage_mem = [_stage_memory(model, plan, layout, d, runs, kind_of, per_chunk, host_side.node_gpus)
-                 for d in range(pp)]
-    worst = max(range(pp), key=lambda d: stage_mem[d][0].peak_bytes)
-    # the memory curves follow the kernel-level replay, not the pipeline timeline: not drawn
-    hbm, host = (replace(peak, curve=None) for peak in stage_mem[worst])
-    problems = []
-    if hbm.peak_bytes > hw.hbm.capacity_bytes:
-        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
-        parts = " + ".join(f"{b / 1e9:.1f} GB {k}" for k, b in top)
-        where = f" on pipeline stage {worst}" if pp > 1 else ""
-        problems.append(f"HBM peak{where} {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB "
-                        f"({parts} ...)")
-    if host.peak_bytes > hw.host.capacity_bytes:
-        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
-
+    memory = step_memory(model, hw, plan, rank)
+    stage_mem, hbm, host, problems = memory.stages, memory.hbm, memory.host, memory.problems
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()
     bubble = breakdown.get("pipeline_bubble", 0.0)
@@ -514,7 +549,7 @@ def _stage_host_static(model: ModelSpec, plan: Plan, layout: Layout, d: int, kin
     return host_static_bytes(model, plan, trainable, params)
 
 
-def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, runs, kind_of,
+def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_by_kind, kind_of,
                   per_chunk: int, node_gpus: int) -> tuple[TierPeak, TierPeak]:
     """HBM of one GPU of stage d: its model state (ZeRO shards, less what is offloaded), the
     kernel-level replay of its final micro-batch, and the activations of the other micro-batches
@@ -532,7 +567,7 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, runs, ki
     elif layout.dp > 1 and zero >= 1 and plan.framework == Framework.DEEPSPEED:
         # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer)
         static["comm_buckets"] = min(bucket_bytes(plan, 0.0), trainable * StateBytes.of(plan).grads)
-    finals = [runs[kind_of[j]][0].mb for j in js]
+    finals = [finals_by_kind[kind_of[j]] for j in js]
     saved = [mb.saved_bytes for mb in finals]
     inflight, _count = peak_inflight_bytes(pp, v, M, d, saved)
     host_saved = [sum(op.host_alloc for op in mb.graph.ops[:mb.fwd_last + 1] if op.mem_tag == "offloaded_activations")
