@@ -121,3 +121,21 @@ def test_engine_never_overlaps_ops_on_a_single_server_resource(data):
             for d in deps[i]:
                 assert sched.start[i] >= sched.end[d] - 1e-12
     assert np.all(sched.end <= sched.makespan + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 3)), max_size=8), st.floats(-1, 12), st.floats(0, 12))
+def test_coverage_matches_a_direct_count(spans, x, width):
+    """window()'s CPU coverage (prefix sums; overlapping intervals merged first) against a plain sweep."""
+    from ghsim.simulate_parallel import _Coverage
+
+    y = x + width
+    clipped = sorted((max(s, x), min(s + w, y)) for s, w in spans if min(s + w, y) > max(s, x))
+    direct, reach = 0.0, -math.inf
+    for a, b in clipped:  # union length of the clipped spans
+        if b > reach:
+            direct += b - max(a, reach)
+            reach = b
+    starts = np.array([s for s, _ in spans], float)
+    ends = np.array([s + w for s, w in spans], float)
+    assert math.isclose(_Coverage(starts, ends).over(x, y), direct, abs_tol=1e-9)

@@ -167,3 +167,14 @@ def test_cuda_graphs_never_slow_a_plan_or_change_its_memory(cal):
         on = simulate(SMALL, H100, plan.with_(cuda_graphs=True), cal, keep_timeline=False)
         assert on.step_time_s <= off.step_time_s * (1 + 1e-9)
         assert on.hbm.peak_bytes == pytest.approx(off.hbm.peak_bytes)
+
+
+def test_plan_with_is_dataclasses_replace():
+    """Plan.with_ skips dataclasses.replace for speed: same values, equality and hash; unknown fields refused."""
+    p = Plan(gpus=8, zero=2, offload=frozenset({"optimizer"}))
+    changes = {"micro_batch": 4, "recompute": Recompute.FULL, "cuda_graphs": True}
+    q = p.with_(**changes)
+    assert q == dataclasses.replace(p, **changes) and hash(q) == hash(dataclasses.replace(p, **changes))
+    assert p.micro_batch == 1 and q.grad_accum == dataclasses.replace(p, **changes).grad_accum
+    with pytest.raises(TypeError, match="no field"):
+        p.with_(micro_batches=2)

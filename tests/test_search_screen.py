@@ -66,3 +66,38 @@ def test_a_plan_that_cannot_beat_the_bar_stops_early(cal):
 def test_rejected_plans_carry_the_simulators_reason(cal):
     e = evaluate(MODEL, GH200, Plan(precision=Precision.FP8, lora_rank=8), cal)
     assert e.status == Status.REJECTED and "LoRA" in e.reason
+
+
+# --- several GPUs: memory from the micro-batch graphs first, then the timed simulation ----------
+H100 = load_hardware("h100-sxm")
+MULTI = [  # fit and do not fit on 80 GB, with and without offload, pipelines, ZeRO-3
+    Plan(gpus=8, seq=4096, global_batch=16, zero=1, framework=Framework.DEEPSPEED),
+    Plan(gpus=8, seq=4096, global_batch=32, micro_batch=4, framework=Framework.DEEPSPEED),
+    Plan(gpus=8, seq=4096, global_batch=16, pp=2, pp_interleave=2, micro_batch=2, zero=1,
+         framework=Framework.DEEPSPEED),
+    Plan(gpus=8, seq=4096, global_batch=16, zero=3, offload=frozenset({"optimizer", "grads"}),
+         framework=Framework.DEEPSPEED),
+    Plan(gpus=8, seq=4096, global_batch=64, micro_batch=8, tp=2, zero=2, framework=Framework.DEEPSPEED),
+]
+
+
+@pytest.mark.parametrize("plan", MULTI, ids=lambda p: p.flags())
+def test_multi_gpu_verdict_matches_the_simulator(cal, plan):
+    """A plan the memory replay rules out is not timed; every verdict is still the simulator's."""
+    model = load_model("llama-2-7b")
+    e = evaluate(model, H100, plan, cal, level="screen")
+    full = simulate(model, H100, plan, cal, keep_timeline=False)
+    assert e.exact
+    assert (e.status == Status.FEASIBLE) == full.fits
+    assert e.hbm_peak_bytes == full.hbm.peak_bytes and e.host_peak_bytes == full.host.peak_bytes
+    if full.fits:
+        assert e.step_time_s == full.step_time_s
+    else:
+        assert e.reason == "; ".join(full.fit_problems) and e.step_time_s != e.step_time_s  # not timed: NaN
+
+
+def test_multi_gpu_verdicts_include_both_outcomes(cal):
+    """(the cases above exercise both branches)"""
+    model = load_model("llama-2-7b")
+    fits = {simulate(model, H100, p, cal, keep_timeline=False).fits for p in MULTI}
+    assert fits == {True, False}
