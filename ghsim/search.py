@@ -251,7 +251,13 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
             break
         batch = []
         # among equals, the plans needing less memory first: if they do not fit, neither do the rest
-        for j in sorted(pending, key=lambda j: (prio[j], _memory_order(survivors[j][0]))):
+        order = sorted(pending, key=lambda j: (prio[j], _memory_order(survivors[j][0])))
+        if unit == "s":  # the class bounds this round will ask for, on all cores at once
+            classes = {compute_class(survivors[j][0]): keys[j] for j in order[:2 * wave] if keys[j] <= bar}
+            todo = [c for c in classes if c not in class_bound and members[c] >= BOUND_WORTH]
+            for c, b in zip(todo, runner.bounds(todo) if len(todo) > 1 else ()):
+                class_bound[c] = max(classes[c], b)
+        for j in order:
             if len(batch) >= wave:
                 break
             p = survivors[j][0]
