@@ -11,11 +11,8 @@ of validation/published/{narayanan2021,korthikanti2022,rajbhandari2020,steiger20
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
+from common import add_calibration_option, chosen_calibration, median_time
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Recompute
@@ -23,16 +20,6 @@ from ghsim.simulate import simulate
 from ghsim.validate_published import PUBLISHED, Row, all_rows, render, summary
 
 BUDGET_1024_S = 1.0
-
-
-def median_time(model, hw, plan, cal, repeats: int = 5) -> tuple[float, object]:
-    report = simulate(model, hw, plan, cal, keep_timeline=False)  # warm: calibration loaded and cached
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        report = simulate(model, hw, plan, cal, keep_timeline=False)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), report
 
 
 def speed(cal) -> list[tuple[str, float, object]]:
@@ -48,7 +35,7 @@ def speed(cal) -> list[tuple[str, float, object]]:
     ]
     out = []
     for label, model, plan in cases:
-        t, report = median_time(model, hw, plan, cal)
+        t, report = median_time(lambda: simulate(model, hw, plan, cal, keep_timeline=False))
         out.append((label, t, report))
     return out
 
@@ -193,15 +180,10 @@ def results_markdown(rows: list[Row], timings: list[tuple[str, float, object]]) 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calibration", default="profile", help="'profile' (the hardware's) or 'synthetic'")
+    add_calibration_option(ap)
     ap.add_argument("--write", action="store_true", help="rewrite validation/published/RESULTS.md")
     args = ap.parse_args()
-    cal = None
-    if args.calibration == "synthetic":
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from synthetic import synthetic_calibration
-
-        cal = synthetic_calibration()
+    cal = chosen_calibration(args.calibration)
     timings = speed(cal)
     for label, t, report in timings:
         print(f"{label:<80} {t * 1e3:8.1f} ms   step {report.step_time_s:8.3f} s")

@@ -1,6 +1,6 @@
 """Speed of the plan search, reported as ratios measured in one run.
 
-    python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick] [--time-limit 8]
+    python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick] [--time-limit 7]
 
 For each case (llama-70b on 4 x gh200-96gb, the issue's headline; llama-3.1-405b on
 1,024 x h100-sxm) it prints the candidates judged, the wall time against its budget
@@ -13,11 +13,9 @@ costs against a full simulation, and what the per-shape cost memo saves.
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import time
-from pathlib import Path
 
+from common import add_calibration_option, chosen_calibration, median_time
 from ghsim.cost.calibration import load_calibration
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
@@ -38,30 +36,15 @@ def base_plan(gpus: int) -> Plan:
                 optimizer_impl="fused")
 
 
-def median_time(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calibration", default="profile", help="'profile' (the hardware's) or 'synthetic'")
+    add_calibration_option(ap)
     ap.add_argument("--jobs", default="1,2", help="worker counts to compare")
     ap.add_argument("--quick", action="store_true", help="the 4-GPU case only")
     ap.add_argument("--time-limit", type=float, default=0.0,
-                    help="the search's time limit (ghsim plan's default is 8 s; 0: simulate every survivor)")
+                    help="the search's time limit (ghsim plan's default is 7 s; 0: simulate every survivor)")
     args = ap.parse_args()
-    synthetic = None
-    if args.calibration == "synthetic":
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from synthetic import synthetic_calibration
-
-        synthetic = synthetic_calibration()
+    synthetic = chosen_calibration(args.calibration)
     jobs = [int(j) for j in args.jobs.split(",")]
 
     print(f"{'case':<34}{'jobs':>5}{'plans':>9}{'s':>7}{'/budget':>9}{'us/plan':>9}"
@@ -74,7 +57,7 @@ def main() -> None:
         # one full simulate() of a plan the search reports: the unit the search is measured in
         first = search(model, hw, base, space, calibration=cal, jobs=jobs[-1], time_limit=args.time_limit)
         typical = first.best.plan if first.best else base
-        sim_s = median_time(lambda: simulate(model, hw, typical, cal, keep_timeline=False), 3)
+        sim_s = median_time(lambda: simulate(model, hw, typical, cal, keep_timeline=False), 3)[0]
         one = None
         for j in jobs:
             if args.time_limit and j != jobs[-1]:
@@ -98,10 +81,10 @@ def main() -> None:
     model, hw = load_model("llama-2-7b"), load_hardware("gh200-96gb")
     cal = synthetic or load_calibration(hw.calibration)
     plan = base_plan(1).with_(micro_batch=2, recompute=Recompute.SELECTIVE, offload=frozenset({"optimizer", "grads"}))
-    full = median_time(lambda: simulate(model, hw, plan, cal, keep_timeline=False), 3)
-    screen = median_time(lambda: evaluate(model, hw, plan, cal, level="screen"), 3)
+    full = median_time(lambda: simulate(model, hw, plan, cal, keep_timeline=False), 3)[0]
+    screen = median_time(lambda: evaluate(model, hw, plan, cal, level="screen"), 3)[0]
     memo = memo_calibration(cal)
-    screen_memo = median_time(lambda: evaluate(model, hw, plan, memo, level="screen"), 3)
+    screen_memo = median_time(lambda: evaluate(model, hw, plan, memo, level="screen"), 3)[0]
     print(f"\nllama-2-7b, 1 GPU, {plan.grad_accum} micro-batches: full simulate {full * 1e3:.0f} ms; "
           f"screened {screen * 1e3:.0f} ms ({screen / full:.2f} of it); with the per-shape cost memo "
           f"{screen_memo * 1e3:.0f} ms ({screen_memo / screen:.2f} of unmemoized)")

@@ -10,11 +10,8 @@ models grow: the simulator is linear in ops).
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
+from common import add_calibration_option, chosen_calibration, median_time
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Plan, Recompute
@@ -24,25 +21,15 @@ BUDGET_S = 0.050
 
 
 def time_simulate(model, hw, plan, cal, repeats: int = 7) -> tuple[float, int]:
-    simulate(model, hw, plan, cal)  # warm: loads and caches the calibration
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        report = simulate(model, hw, plan, cal)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), len(report.timeline.ops)
+    t, report = median_time(lambda: simulate(model, hw, plan, cal), repeats)
+    return t, len(report.timeline.ops)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calibration", default="profile", help="'profile' (the hardware's) or 'synthetic'")
+    add_calibration_option(ap)
     args = ap.parse_args()
-    cal = None
-    if args.calibration == "synthetic":
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from synthetic import synthetic_calibration
-
-        cal = synthetic_calibration()
+    cal = chosen_calibration(args.calibration)
     hw = load_hardware("h100-sxm")
     rows = []
     for name in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):

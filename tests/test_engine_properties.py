@@ -65,3 +65,27 @@ def test_shorter_tasks_never_lengthen_the_makespan(g, factor):
     slow = run(RESOURCES, res, dur, deps, issue, waits)
     fast = run(RESOURCES, res, [d * factor for d in dur], deps, issue, waits)
     assert fast.makespan <= slow.makespan + 1e-9
+
+
+SHARED = [Resource("gpu", slowed_by=("comm", "pool"), slowdown=0.25), Resource("comm"), Resource("pool", servers=2)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(task_graphs())
+def test_a_shared_processor_slows_only_while_its_neighbours_work(g):
+    """An op on a slowed resource takes between its duration and duration / (1 - slowdown),
+    and exactly its duration when no earlier-issued work on a slowing resource overlaps it."""
+    res, dur, deps, issue, waits = g
+    res = [r % len(SHARED) for r in res]
+    s = run(SHARED, res, dur, deps, issue, waits)
+    for i in range(len(res)):
+        if res[i] != 0 or dur[i] == 0:
+            continue
+        took = s.end[i] - s.start[i]
+        assert dur[i] - 1e-12 <= took <= dur[i] / 0.75 + 1e-12
+        overlapped = any(res[j] != 0 and s.start[j] < s.end[i] and s.end[j] > s.start[i] and s.end[j] > s.start[j]
+                         for j in range(i))
+        if not overlapped:
+            assert abs(took - dur[i]) <= 1e-12
+        if any(res[j] != 0 and s.start[j] <= s.start[i] and s.end[j] >= s.end[i] for j in range(i)):
+            assert abs(took - dur[i] / 0.75) <= 1e-9  # slowed all the way
