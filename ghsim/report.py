@@ -178,6 +178,8 @@ def _waited_for(i: int, timeline: Timeline) -> str:
     for d in timeline.deps[i]:
         if abs(sched.end[d] - start) < 1e-12:
             cat = timeline.ops[d].category
+            if cat == "communication":  # a collective on another stream (several GPUs)
+                return "communication"
             return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
     if abs(sched.issue[i] - start) < 1e-12:
         return "wait_host_launch"

@@ -54,7 +54,7 @@ from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
-from ghsim.report import StepReport, Timeline, _union_length, step_fields
+from ghsim.report import StepReport, Timeline, _union_length, _waited_for, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
@@ -247,19 +247,6 @@ class _Coverage:
         if len(self.starts) == 0 or y <= x:
             return 0.0
         return self.upto(y) - self.upto(x)
-
-
-def _waited_for(i: int, tl: Timeline) -> str:
-    s = tl.schedule.start[i]
-    for d in tl.deps[i]:
-        if abs(tl.schedule.end[d] - s) < 1e-12:
-            cat = tl.ops[d].category
-            if cat == "communication":
-                return "communication"
-            return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
-    if abs(tl.schedule.issue[i] - s) < 1e-12:
-        return "wait_host_launch"
-    return "wait_other"
 
 
 def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> ChunkTimes:
