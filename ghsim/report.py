@@ -108,6 +108,21 @@ def step_fields(model, hw, plan, model_flops_per_step: float) -> dict[str, Any]:
     }
 
 
+def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: bool = True) -> tuple[str, ...]:
+    """What does not fit: an HBM peak over capacity (with its three largest parts; `where`, e.g.
+    " on pipeline stage 1"), a host peak over the node's memory. Under unified memory the HBM
+    cannot overflow (`check_hbm` off): pages spill to the host instead."""
+    problems = []
+    if check_hbm and hbm.peak_bytes > hw.hbm.capacity_bytes:
+        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
+        parts = " + ".join(f"{b / 1e9:.1f} GB {k}" for k, b in top)
+        problems.append(f"HBM peak{where} {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB "
+                        f"({parts} ...)")
+    if host.peak_bytes > hw.host.capacity_bytes:
+        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
+    return tuple(problems)
+
+
 def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float, dict[str, float]]:
     """Kernel-busy fraction of the step (as nsys shows it) and where the step's time goes.
 
@@ -148,11 +163,12 @@ def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float,
     gaps = start[gpu_idx] - cursor[:-1]
     # CPU work the issuing thread blocks on (a CPU optimizer step in the training loop)
     blocking = np.fromiter((op.category == CPU and op.host_waits for op in ops), bool, len(ops))
+    blocked = Coverage(start[blocking], end[blocking])
     for k in np.flatnonzero(gaps > 0):
         reason = _waited_for(int(gpu_idx[k]), timeline)
         on_cpu = 0.0
         if reason in ("wait_host_launch", "wait_other"):  # the host may have been stuck in CPU work
-            on_cpu = _overlap(cursor[k], start[gpu_idx[k]], start[blocking], end[blocking])
+            on_cpu = blocked.over(float(cursor[k]), float(start[gpu_idx[k]]))
         elif reason == "wait_transfer":  # a copy that itself waited for CPU work (an optimizer step)
             on_cpu = _copy_waiting_on_cpu(int(gpu_idx[k]), float(cursor[k]), timeline)
         breakdown["wait_cpu"] += on_cpu
@@ -203,6 +219,28 @@ def _overlap(a: float, b: float, starts: np.ndarray, ends: np.ndarray) -> float:
     if len(starts) == 0 or b <= a:
         return 0.0
     return float(np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None).sum())
+
+
+class Coverage:
+    """Time covered by disjoint, ordered intervals, asked of many spans (prefix sums, no scan per span)."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+        if len(starts) > 1 and (starts[1:] < ends[:-1]).any():  # not one in-order stream: merge overlaps
+            order = np.argsort(starts, kind="stable")
+            starts, ends = starts[order], np.maximum.accumulate(ends[order])
+            first = np.concatenate(([True], starts[1:] > ends[:-1]))  # where a merged interval begins
+            starts, ends = starts[first], np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
+        self.starts, self.ends = starts, ends
+        self.before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # covered before interval k
+
+    def upto(self, t: float) -> float:
+        k = int(np.searchsorted(self.starts, t, side="right"))  # intervals starting at or before t
+        return float(self.before[k - 1] + min(t, self.ends[k - 1]) - self.starts[k - 1]) if k else 0.0
+
+    def over(self, x: float, y: float) -> float:
+        if len(self.starts) == 0 or y <= x:
+            return 0.0
+        return self.upto(y) - self.upto(x)
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:

@@ -35,9 +35,8 @@ try:
 except ImportError:  # pragma: no cover
     OffloadSchedule = None  # type: ignore[assignment,misc]
 from ghsim.report import StepReport
-from ghsim.graph.offload import check_offload
 from ghsim.simulate import check_fit_to_model, model_flops, simulate
-from ghsim.simulate_parallel import RankPricing, check_host_memory, simulate_parallel, step_memory
+from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory
 
 
 
@@ -108,9 +107,7 @@ def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est:
     """Several GPUs: the memory replay needs only the micro-batch graphs, so it comes first;
     a plan that does not fit is not timed (its graphs are reused when it is)."""
     check_fit_to_model(model, hw, plan)
-    check_offload(plan)
-    rank = RankPricing.of(hw, plan, cal)
-    check_host_memory(model, hw, plan, rank)
+    rank = prepare(model, hw, plan, cal)
     memory = step_memory(model, hw, plan, rank)
     if memory.problems:
         return Evaluation(plan, Status.NO_FIT, "; ".join(memory.problems), est.hbm_bytes if est else math.nan,

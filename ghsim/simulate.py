@@ -3,7 +3,6 @@ search and the validation call."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
@@ -19,7 +18,7 @@ from ghsim.graph.step import build_step, param_counts, static_bytes
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
-from ghsim.report import StepReport, Timeline, gpu_busy_and_breakdown, mfu_dtype, step_fields
+from ghsim.report import StepReport, Timeline, fit_problems, gpu_busy_and_breakdown, mfu_dtype, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import hbm_peak, host_peak
 from ghsim.simulate_parallel import simulate_parallel
@@ -83,18 +82,8 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     ops = graph.ops
     resources = RESOURCES + (engine.Resource("loader"),)  # data-loader pool, releasing batches at its rate
     names = [r.name for r in resources]
-    index = {n: i for i, n in enumerate(names)}
-    issue = {id(o): cost.issue_cost(o, plan.cuda_graphs) for o in ops}  # per distinct op, not per copy
-    gap = {id(o): cost.kernel_gap(o, plan.cuda_graphs) for o in ops}
-    lead_gap = np.fromiter((gap[id(o)] for o in ops), float, len(ops))
-    sched = engine.run(
-        resources,
-        [index[o.resource] for o in ops],
-        [o.duration + g for o, g in zip(ops, lead_gap)],
-        graph.deps,
-        [issue[id(o)] for o in ops],
-        [o.host_waits for o in ops],
-    )
+    sched, lead_gap = engine.run_ops(resources, ops, graph.deps, lambda o: cost.issue_cost(o, plan.cuda_graphs),
+                                     lambda o: cost.kernel_gap(o, plan.cuda_graphs))
     timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch, lead_gap)
     step_time = sched.makespan
     utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
@@ -102,13 +91,7 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     if um is not None:
         hbm = resident_peak(hbm, hw.hbm.capacity_bytes)
     host = per_node(host_peak(ops, host_static), host_side.node_gpus)
-    problems = []
-    if hbm.peak_bytes > hw.hbm.capacity_bytes and um is None:
-        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
-        parts = " + ".join(f"{v / 1e9:.1f} GB {k}" for k, v in top)
-        problems.append(f"HBM peak {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB ({parts} ...)")
-    if host.peak_bytes > hw.host.capacity_bytes:
-        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
+    problems = fit_problems(hbm, host, hw, check_hbm=um is None)
     peak_dtype = mfu_dtype(plan.precision.value)
     plan_dict = plan.to_dict()
     plan_dict["flags"] = plan.flags()

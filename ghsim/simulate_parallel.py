@@ -54,7 +54,7 @@ from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
-from ghsim.report import StepReport, Timeline, _union_length, _waited_for, step_fields
+from ghsim.report import Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
@@ -96,17 +96,9 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     g = mb.graph
     ops = g.ops
     resources = level1_resources(hw)
-    index = {r.name: i for i, r in enumerate(resources)}
-    # replicated layers share op objects: describe and price each distinct op once, then index
-    distinct, rows = _distinct(ops)
-    cols = OpColumns.of(distinct, rows)
-    issue = np.array([cost.issue_cost(o, plan.cuda_graphs) if o.kind != K.COLLECTIVE else 0.0 for o in distinct])
-    gap = np.array([cost.kernel_gap(o, plan.cuda_graphs) for o in distinct])  # idle stream before its kernels
-    duration = np.array([o.duration for o in distinct]) + gap
-    lead_gap = gap[rows]
-    sched = engine.run(resources, np.array([index[o.resource] for o in distinct])[rows].tolist(),
-                       duration[rows].tolist(), g.deps, issue[rows].tolist(),
-                       np.array([o.host_waits for o in distinct], bool)[rows].tolist())
+    sched, lead_gap = engine.run_ops(resources, ops, g.deps, lambda o: cost.issue_cost(o, plan.cuda_graphs),
+                                     lambda o: cost.kernel_gap(o, plan.cuda_graphs))
+    cols = OpColumns.of(*engine.distinct(ops))
     end = sched.end
     idx = np.arange(len(ops))
     compute = ~cols.not_compute
@@ -169,29 +161,14 @@ class OpColumns:
         return OpColumns(*f.T, shares=np.array(shares).reshape(-1, len(col))[rows])
 
 
-def _distinct(ops: list[Op]) -> tuple[list[Op], np.ndarray]:
-    """The distinct op objects of `ops` (replicated layers share them), and which one each op is."""
-    row_of: dict[int, int] = {}
-    distinct: list[Op] = []
-    rows = []
-    for op in ops:
-        r = row_of.get(id(op))
-        if r is None:
-            r = row_of[id(op)] = len(distinct)
-            distinct.append(op)
-        rows.append(r)
-    return distinct, np.array(rows, np.intp)
-
-
-def window(tl: Timeline, a: float, b: float, cols: OpColumns | None = None) -> Segment:
+def window(tl: Timeline, a: float, b: float, cols: OpColumns) -> Segment:
     """Where the compute stream's time in [a, b) went (kernels by category, and what it waited for)."""
     ops, sched = tl.ops, tl.schedule
-    cols = cols or OpColumns.of(*_distinct(ops))
     start, end = sched.start, sched.end
     lead = tl.lead_gap if tl.lead_gap is not None else np.zeros(len(ops))
     body = start + lead  # kernels run after their launch gap; the gap is idle
     out: dict[str, float] = {}
-    on_cpu = _Coverage(start[cols.cpu], end[cols.cpu])  # host cores (one in-order pool): an offloaded optimizer
+    on_cpu = Coverage(start[cols.cpu], end[cols.cpu])  # host cores (one in-order pool): an offloaded optimizer
 
     def wait(key: str, x: float, y: float) -> None:
         """The stream idles over [x, y) for `key`; while host cores work, for them (as on one GPU)."""
@@ -227,28 +204,6 @@ def window(tl: Timeline, a: float, b: float, cols: OpColumns | None = None) -> S
     return Segment(b - a, out, _union_length(lo[busy], hi[busy]))
 
 
-class _Coverage:
-    """Time covered by disjoint, ordered intervals, asked of many spans (prefix sums, no scan per span)."""
-
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        if len(starts) > 1 and (starts[1:] < ends[:-1]).any():  # not one in-order stream: merge overlaps
-            order = np.argsort(starts, kind="stable")
-            starts, ends = starts[order], np.maximum.accumulate(ends[order])
-            first = np.concatenate(([True], starts[1:] > ends[:-1]))  # where a merged interval begins
-            starts, ends = starts[first], np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
-        self.starts, self.ends = starts, ends
-        self.before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # covered before interval k
-
-    def upto(self, t: float) -> float:
-        k = int(np.searchsorted(self.starts, t, side="right"))  # intervals starting at or before t
-        return float(self.before[k - 1] + min(t, self.ends[k - 1]) - self.starts[k - 1]) if k else 0.0
-
-    def over(self, x: float, y: float) -> float:
-        if len(self.starts) == 0 or y <= x:
-            return 0.0
-        return self.upto(y) - self.upto(x)
-
-
 def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> ChunkTimes:
     f, m = final.times, middle.times
     return ChunkTimes(
@@ -267,7 +222,8 @@ class RankPricing:
     fabric: Fabric
     host_side: HostSide
     templates: dict = field(default_factory=dict, compare=False)  # priced op templates, built once per plan
-    graphs: dict = field(default_factory=dict, compare=False)  # (layers, chunk kind, final) -> MicrobatchGraph
+    # what has been built for this plan: micro-batch graphs by (layers, chunk kind, final), its StepMemory
+    built: dict = field(default_factory=dict, compare=False)
 
     @staticmethod
     def of(hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
@@ -298,10 +254,10 @@ def chunk_graph(model: ModelSpec, plan: Plan, rank: RankPricing, layers: int, ki
                 final: bool) -> MicrobatchGraph:
     """One micro-batch of a kind of chunk, `layers` decoder layers long (built once per plan)."""
     key = (layers, kind, final)
-    if key not in rank.graphs:
-        rank.graphs[key] = build_microbatch(model, plan, rank.layout, Chunk(layers, *kind), final, rank.price,
+    if key not in rank.built:
+        rank.built[key] = build_microbatch(model, plan, rank.layout, Chunk(layers, *kind), final, rank.price,
                                             rank.comm_time, rank.templates)
-    return rank.graphs[key]
+    return rank.built[key]
 
 
 def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int) -> Runs:
@@ -364,6 +320,12 @@ class StepMemory:
 
 def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> StepMemory:
     """Memory follows from the micro-batch graphs alone (no timing): the plan search asks it first."""
+    if "memory" not in rank.built:
+        rank.built["memory"] = _step_memory(model, hw, plan, rank)
+    return rank.built["memory"]
+
+
+def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> StepMemory:
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
     per_chunk = model.num_layers // layout.chunks
     finals = {kind: chunk_graph(model, plan, rank, per_chunk, kind, True) for kind in set(kind_of)}
@@ -371,29 +333,28 @@ def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -
               for d in range(layout.pp)]
     worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
     hbm, host = stages[worst]
-    problems = []
-    if hbm.peak_bytes > hw.hbm.capacity_bytes:
-        top = sorted(hbm.breakdown.items(), key=lambda kv: -kv[1])[:3]
-        parts = " + ".join(f"{b / 1e9:.1f} GB {k}" for k, b in top)
-        where = f" on pipeline stage {worst}" if layout.pp > 1 else ""
-        problems.append(f"HBM peak{where} {hbm.peak_bytes / 1e9:.1f} GB > {hw.hbm.capacity_bytes / 1e9:.0f} GB "
-                        f"({parts} ...)")
-    if host.peak_bytes > hw.host.capacity_bytes:
-        problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
-    return StepMemory(stages, worst, tuple(problems))
+    problems = fit_problems(hbm, host, hw, f" on pipeline stage {worst}" if layout.pp > 1 else "")
+    return StepMemory(stages, worst, problems)
+
+
+def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
+            host_side: HostSide | None = None) -> RankPricing:
+    """The plan's up-front checks (its offload choices; host memory for what it offloads) and its pricing."""
+    check_offload(plan)
+    rank = RankPricing.of(hw, plan, calibration, fabric, host_side)
+    check_host_memory(model, hw, plan, rank)
+    return rank
 
 
 def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
                       keep_timeline: bool = True, fabric: Fabric | None = None,
                       host_side: HostSide | None = None, rank: RankPricing | None = None) -> StepReport:
     """`fabric` and `host_side` replace the links and the per-GPU host share the hardware implies;
-    `rank` (with them) brings graphs already built for this plan (step_memory)."""
+    `rank` (from prepare()) brings what is already built for this plan (step_memory)."""
     from ghsim.simulate import model_flops  # (simulate imports this module)
 
-    check_offload(plan)
-    rank = rank or RankPricing.of(hw, plan, calibration, fabric, host_side)
+    rank = rank or prepare(model, hw, plan, calibration, fabric, host_side)
     layout, host_side, fabric = rank.layout, rank.host_side, rank.fabric
-    check_host_memory(model, hw, plan, rank)
     groups = layout.groups()
     per_chunk = model.num_layers // layout.chunks
     kind_of = chunk_kinds(layout)
@@ -407,8 +368,7 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     dur = pipe.schedule.end - pipe.schedule.start
     busy = [float(dur[ops].sum()) for ops in gpu_ops]
     rep = max(range(pp), key=lambda d: busy[d])  # the busiest stage: the pipeline's bottleneck
-    rep_stats = _stage_breakdown(pipe, rep, gpu_ops[rep], last_end[rep], step_time, runs, kind_of, pp)
-    breakdown, utilization = rep_stats["breakdown"], rep_stats["utilization"]
+    breakdown, utilization = _stage_breakdown(pipe, gpu_ops[rep], last_end[rep], step_time, runs, kind_of, pp)
 
     # --- memory of each stage ------------------------------------------------------------------
     memory = step_memory(model, hw, plan, rank)
@@ -470,15 +430,16 @@ def _ops_by_stage(pipe: PipelineRun, pp: int) -> tuple[list[list[int]], list[flo
     return gpu, last_end
 
 
-def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: float, step_time: float,
-                     runs, kind_of, pp: int) -> dict:
-    """Stage d's compute stream over the step: each aggregated op's kernel-level breakdown,
-    the gaps between them (pipeline bubbles, or exposed gradient reduction)."""
+def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, step_time: float,
+                     runs, kind_of, pp: int) -> tuple[dict[str, float], float]:
+    """A stage's compute stream over the step (its ops `gpu_ops`): each aggregated op's kernel-level
+    breakdown, the gaps between them (pipeline bubbles, or exposed gradient reduction); and its
+    kernel-busy share of the step."""
     g, sched = pipe.graph, pipe.schedule
     out: dict[str, float] = {c: 0.0 for c in KERNEL_CATEGORIES}
     out.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0, "wait_host_launch": 0.0,
                 "wait_other": 0.0, "wait_kernel_gaps": 0.0, "um_migration": 0.0, "pipeline_bubble": 0.0})
-    cursor, busy, kernel = 0.0, 0.0, 0.0
+    cursor, kernel = 0.0, 0.0
     for i in gpu_ops:
         s, e = sched.start[i], sched.end[i]
         if s > cursor:
@@ -494,7 +455,6 @@ def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: fl
             kernel += seg.kernel_busy * (e - s) / seg.seconds
         else:
             out["other"] += e - s
-        busy += e - s
         cursor = max(cursor, e)
     if step_time > cursor:  # the step ends on this stage's data-parallel link, or on another stage
         ends_here = abs(last_end - step_time) < 1e-12
@@ -502,7 +462,7 @@ def _stage_breakdown(pipe: PipelineRun, d: int, gpu_ops: list[int], last_end: fl
         if ends_here:
             kernel += step_time - cursor
     out = {k: float(t) for k, t in out.items()}
-    return {"breakdown": out, "busy_s": float(busy), "utilization": min(1.0, kernel / step_time) if step_time else 0.0}
+    return out, min(1.0, kernel / step_time) if step_time else 0.0
 
 
 def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | None:

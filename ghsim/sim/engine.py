@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -114,6 +114,39 @@ def run(
             host = e
     makespan = max(max(end, default=0.0), host)
     return Schedule(np.array(start), np.array(end), np.array(issued), makespan)
+
+
+def distinct(items: Sequence) -> tuple[list, np.ndarray]:
+    """The distinct objects of `items` by identity (replicated layers share op objects), and
+    which of them each item is: per-op work is then done once per distinct op and indexed."""
+    row_of: dict[int, int] = {}
+    out: list = []
+    rows = []
+    for x in items:
+        r = row_of.get(id(x))
+        if r is None:
+            r = row_of[id(x)] = len(out)
+            out.append(x)
+        rows.append(r)
+    return out, np.array(rows, np.intp)
+
+
+def run_ops(resources: Sequence[Resource], ops: Sequence, deps: Sequence[tuple[int, ...]],
+            issue_cost: Callable[[Any], float], lead_gap: Callable[[Any], float]) -> tuple[Schedule, np.ndarray]:
+    """run() for op objects (anything with .resource, .duration and .host_waits): each distinct
+    op is asked its issue cost and its lead gap (idle stream before its kernels, run ahead of
+    its duration) once. Returns the schedule and the lead gap of every op."""
+    index = {r.name: k for k, r in enumerate(resources)}
+    ds, rows = distinct(ops)
+    gap = np.array([lead_gap(o) for o in ds], float)
+    busy = np.array([o.duration for o in ds], float) + gap
+
+    def per_op(values, dtype=float) -> list:
+        return np.array(values, dtype)[rows].tolist()
+
+    sched = run(resources, per_op([index[o.resource] for o in ds], int), busy[rows].tolist(), deps,
+                per_op([issue_cost(o) for o in ds]), per_op([o.host_waits for o in ds], bool))
+    return sched, gap[rows]
 
 
 def _shared_end(start: float, work: float, slowdown: float,
