@@ -32,7 +32,7 @@ from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.step import (
     ParamCounts,
     _embedding_bwd,
-    _accumulate_instead_of_allocating,
+    accumulating,
     _embedding_fwd,
     _layer_templates,
     _loss_ops,
@@ -405,6 +405,8 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     lazy_shards = zero >= 2 and not persistent_grad_shards(plan, dp)
     earlier = final and plan.grad_accum > 1  # memory replay: earlier micro-batches left gradients behind
     fresh_grads = not earlier or zero >= 2 or per_microbatch
+    # a later micro-batch's backward adds into the accumulated gradients: it allocates none
+    acc = accumulating if not fresh_grads else (lambda template: template)
     if not fresh_grads:  # the full gradients, accumulated
         rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads))
     elif earlier and lazy_shards and not streams:  # the gradient shards, accumulated
@@ -461,7 +463,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     if not loss_bwd:
         rg.g.add(_marker("grad.received", "bwd").change_hbm("activation_grads", g_bytes))
     else:
-        _, loss_last = rg.extend(loss_bwd)
+        _, loss_last = rg.extend(acc(loss_bwd))
         tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE,
                       T * h * (4 if dt.autocast_casts else dt.act), "bwd")
     sources: list[GradSource] = []  # where gradients are ready to leave for the host, in backward order
@@ -487,6 +489,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
                                   accumulate, "dp"))
 
     bwd_ends: list[int] = []
+    bwd_ops = acc(bwd)
     for k, layer in enumerate(reversed(range(L))):
         if zero == 3:
             if k == 0:
@@ -494,7 +497,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
             if layer - 1 >= 0:
                 zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, "bwd")
             rg.wait_before(gathers[layer])
-        _, last = rg.extend(bwd, layer=layer)
+        _, last = rg.extend(bwd_ops, layer=layer)
         bwd_ends.append(last)
         if zero == 3:
             zero3_release("bwd")
@@ -509,7 +512,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     if emb_bwd:
         if sp:
             tp_collective("embedding.all_gather.bwd", ALL_GATHER, tp_bytes, "bwd")
-        rg.extend(emb_bwd)
+        rg.extend(acc(emb_bwd))
         if dp == 1:
             sources.append(GradSource(rg.last, cp.embedding_trainable, _grad_bytes(emb_bwd), ("embedding",), -1, 0,
                                       accumulate))
@@ -521,8 +524,6 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     if loss_bwd and reducing and not head_first:
         pending_grads += _grad_bytes(loss_bwd)
         pending_params += cp.head_trainable
-    if not fresh_grads:
-        _accumulate_instead_of_allocating(rg.g, fwd_last + 1)
     bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == "gpu")
     tail_first = len(rg.g)
     if reducing and pending_grads > 0:

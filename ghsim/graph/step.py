@@ -6,6 +6,8 @@ templates and replicated; that is what makes an 80-layer model cheap to build.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -270,6 +272,7 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
             op.duration = price(op)
     graph = OpGraph()
     L = model.num_layers
+    later = {"loss_bwd": accumulating(loss_bwd), "bwd": accumulating(bwd), "emb_bwd": accumulating(emb_bwd)}
     for mb in range(plan.grad_accum):
         mb_start = len(graph)
         graph.extend(data, microbatch=mb)
@@ -281,12 +284,10 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
         graph.extend(loss_fwd, microbatch=mb)
         if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
             graph.own(graph.last).change_hbm("weight_copies", -cache_bytes * L)
-        graph.extend(loss_bwd, microbatch=mb)
+        graph.extend(later["loss_bwd"] if mb else loss_bwd, microbatch=mb)
         for layer in reversed(range(L)):
-            graph.extend(bwd, layer=layer, microbatch=mb)
-        graph.extend(emb_bwd, microbatch=mb)
-        if mb > 0:
-            _accumulate_instead_of_allocating(graph, mb_start)
+            graph.extend(later["bwd"] if mb else bwd, layer=layer, microbatch=mb)
+        graph.extend(later["emb_bwd"] if mb else emb_bwd, microbatch=mb)
     graph.extend(optimizer)
     if offload.any:  # copies, CPU work and the offloaded optimizer (graph/offload.py)
         graph = apply_offload(graph, model, plan, _offload_facts(model, plan, saved), price)
@@ -324,12 +325,14 @@ def _input_ops(plan: Plan) -> list[Op]:
     return [prep, copy]
 
 
-def _accumulate_instead_of_allocating(graph: OpGraph, start: int) -> None:
-    """Micro-batches after the first add into the existing .grad: no new gradient memory."""
-    for i in range(start, len(graph)):
-        grads = (graph.ops[i].hbm_by_tag or {}).get("grads", 0.0)
-        if grads > 0:
-            graph.own(i).change_hbm("grads", -grads)
+def accumulating(template: list[Op]) -> list[Op]:
+    """The template as a micro-batch after the first runs it: gradients add into the existing
+    .grad, so no op allocates gradient memory (the changed ops are copies; the template keeps its own)."""
+    out = []
+    for op in template:
+        grads = (op.hbm_by_tag or {}).get("grads", 0.0)
+        out.append(copy.copy(op).change_hbm("grads", -grads) if grads > 0 else op)
+    return out
 
 
 def static_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
