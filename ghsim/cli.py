@@ -10,6 +10,7 @@ from typing import Any, Callable
 import click
 
 from ghsim.errors import GhsimError
+from ghsim.tomlio import write_text
 
 
 class GhsimGroup(click.Group):
@@ -134,7 +135,7 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
     plan = plan_from_flags(kw)
     report = run_simulation(model, hw, plan)
     if trace_file:
-        _write(trace_file, json.dumps(chrome_trace(report)))
+        write_text(trace_file, json.dumps(chrome_trace(report)))
     if plot_file:
         from ghsim.plots import plot_step
 
@@ -143,13 +144,6 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
         _echo_json(report.to_dict())
     else:
         click.echo(render_table(report))
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as e:
-        raise GhsimError(f"{path}: cannot write: {e.strerror}") from None
 
 
 @main.command()

@@ -11,7 +11,7 @@ import numpy as np
 from ghsim.cost.calibration import CALIBRATION_DIR, calibration_from_dict
 from ghsim.errors import GhsimError
 from ghsim.hardware import load_hardware
-from ghsim.tomlio import read_json
+from ghsim.tomlio import read_json, write_text
 
 
 @click.command()
@@ -25,8 +25,8 @@ def calibrate(microbench: str, reference: str, name: str | None, extras: tuple[s
     """Check a microbenchmark JSON, name its reference GPU, and install it as a calibration set."""
     path = Path(microbench)
     data = read_json(path)
-    if not isinstance(data, dict) or "meta" not in data:
-        raise GhsimError(f"{path}: not a microbenchmark file (no 'meta'; see docs/formats.md)")
+    if not isinstance(data, dict) or not isinstance(data.get("meta"), dict):
+        raise GhsimError(f"{path}: not a microbenchmark file (no 'meta' table; see docs/formats.md)")
     for extra in extras:
         merge(data, read_json(Path(extra)), extra)
     ref = load_hardware(reference)
@@ -34,17 +34,19 @@ def calibrate(microbench: str, reference: str, name: str | None, extras: tuple[s
     data["meta"]["calibrated_from"] = str(path)
     cal = calibration_from_dict(data, ref, str(path))  # raises on anything malformed
     target = Path(out_dir) if out_dir else CALIBRATION_DIR
-    target.mkdir(parents=True, exist_ok=True)
-    out = target / f"{name or path.stem}.json"
-    out.write_text(json.dumps(data, indent=1))
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GhsimError(f"{target}: cannot make the folder: {e.strerror or e}") from None
+    out = write_text(target / f"{name or path.stem}.json", json.dumps(data, indent=1))
     click.echo(f"wrote {out} (reference {reference}: {ref.gpu_model})")
     click.echo(summary(cal))
 
 
 def merge(data: dict, extra: dict, where: str) -> None:
     """Append an extra file's rows; its tables (framework_overhead, unified_memory) replace earlier ones."""
-    if not isinstance(extra, dict) or "meta" not in extra:
-        raise GhsimError(f"{where}: not a microbenchmark file (no 'meta')")
+    if not isinstance(extra, dict) or not isinstance(extra.get("meta"), dict):
+        raise GhsimError(f"{where}: not a microbenchmark file (no 'meta' table)")
     for key, value in extra.items():
         if key == "meta":
             data["meta"].setdefault("merged", []).append(where)

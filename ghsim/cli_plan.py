@@ -12,6 +12,7 @@ import click
 
 from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
+from ghsim.tomlio import write_text
 
 # plan fields the search varies: an explicit flag pins them
 _PINNABLE = ("zero", "precision", "recompute", "offload", "offload_ratio", "offload_schedule", "unified_memory",
@@ -58,7 +59,7 @@ def _calibration(path: str | None):
 def base_and_pins(kw: dict[str, Any]):
     """The given plan fields (gpus, seq, batch, LoRA, software), the pinned search dimensions,
     and the user's own plan when a plan.toml or ds_config.json was given."""
-    from ghsim.plan import Framework, plan_from_dict
+    from ghsim.plan import Framework, check_values, plan_from_dict
     from ghsim.search_space import default_global_batch
 
     baseline = None
@@ -80,6 +81,8 @@ def base_and_pins(kw: dict[str, Any]):
     for flag, f in _FLAG_TO_FIELD.items():
         if f in _PINNABLE and kw.get(flag) is not None:
             pins[f] = getattr(explicit, f)
+    check_values(given)
+    check_values(explicit)
     base = given.with_(**{f: v for f, v in pins.items() if f in ("tp", "pp", "ep")})
     return base, pins, baseline
 
@@ -157,12 +160,12 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
 
             note = (f"ghsim plan: best of {result.n_evaluated:,} plans for {model.name} on {base.gpus} x {hw.name} "
                     f"(objective {goal.value}): {best.step_time_s:.2f} s/step, {best.hbm_peak_bytes / 1e9:.1f} GB HBM")
-            _write(save_file, plan_to_toml(best.plan, note))
+            write_text(save_file, plan_to_toml(best.plan, note))
         if trace_file:
             from ghsim.report import chrome_trace
             from ghsim.simulate import simulate
 
-            _write(trace_file, json.dumps(chrome_trace(simulate(model, hw, best.plan, cal))))
+            write_text(trace_file, json.dumps(chrome_trace(simulate(model, hw, best.plan, cal))))
         if plot_file:
             from ghsim.search_plot import plot_pareto
 
@@ -179,13 +182,6 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
                          + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:
         click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as e:
-        raise GhsimError(f"{path}: cannot write: {e.strerror}") from None
 
 
 def _csv(value: str, what: str) -> list[str]:

@@ -263,14 +263,7 @@ def load_plan_toml(path: Path) -> Plan:
 
 def check_plan(plan: Plan) -> None:
     """Reject plans that are impossible regardless of model and hardware."""
-    for name in ("gpus", "seq", "micro_batch", "tp", "pp", "ep", "pp_interleave"):
-        if getattr(plan, name) < 1:
-            raise GhsimError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
-    for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers"):
-        if getattr(plan, name) < 0:
-            raise GhsimError(f"--{name.replace('_', '-')} must not be negative")
-    if plan.zero not in (0, 1, 2, 3):
-        raise GhsimError(f"--zero must be 0, 1, 2 or 3, got {plan.zero}")
+    check_values(plan)
     if plan.gpus % (plan.tp * plan.pp):
         raise GhsimError(
             f"--gpus {plan.gpus} is not divisible by tp*pp = {plan.tp}*{plan.pp} = {plan.tp * plan.pp}"
@@ -280,6 +273,19 @@ def check_plan(plan: Plan) -> None:
             f"--global-batch {plan.global_batch} is not a multiple of data-parallel ranks x micro-batch "
             f"= {plan.dp} x {plan.micro_batch}"
         )
+
+
+def check_values(plan: Plan) -> None:
+    """Reject values no plan may take (counts below 1, negative sizes, unknown choices): what
+    `ghsim plan` checks of the given fields before it searches the rest."""
+    for name in ("gpus", "seq", "micro_batch", "tp", "pp", "ep", "pp_interleave"):
+        if getattr(plan, name) < 1:
+            raise GhsimError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
+    for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers"):
+        if getattr(plan, name) < 0:
+            raise GhsimError(f"--{name.replace('_', '-')} must not be negative")
+    if plan.zero not in (0, 1, 2, 3):
+        raise GhsimError(f"--zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.batch_prep_s < 0:
         raise GhsimError(f"batch preparation time must not be negative, got {plan.batch_prep_s}")
     if not 0.0 <= plan.offload_ratio <= 1.0:

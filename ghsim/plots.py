@@ -21,7 +21,7 @@ def save(fig, path: str) -> None:
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a file extension matplotlib cannot write
         raise GhsimError(f"{path}: cannot write: {e}") from None
     finally:
         plt.close(fig)

@@ -44,7 +44,7 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
     """One search; a plan that cannot be searched (bad name, nothing fits) is a row too."""
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
-    from ghsim.plan import Framework, Plan, Precision
+    from ghsim.plan import Framework, Plan, Precision, check_values
     from ghsim.search import Objective, search
     from ghsim.search_explain import reproduce_flags
     from ghsim.search_space import default_global_batch, default_space, pin
@@ -57,6 +57,7 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
         base = Plan(gpus=task.gpus, seq=task.seq, lora_rank=task.lora_rank,
                     global_batch=task.global_batch or default_global_batch(task.gpus),
                     framework=Framework(task.framework), optimizer_impl="fused")
+        check_values(base)
         space = default_space(model, hw, base, tuple(Precision(p) for p in task.precisions))
         if task.pins:
             space = pin(space, pinned_values(dict(task.pins)))
@@ -126,7 +127,7 @@ def _on_dask(tasks: list[SweepTask], calibration: Any, address: str, progress) -
 
 def pinned_values(pins: dict[str, Any]) -> dict[str, Any]:
     """Plan-typed values for pinned dimensions given as strings or plain values."""
-    from ghsim.plan import plan_from_dict
+    from ghsim.plan import check_values, plan_from_dict
 
     raw = {}
     for k, v in pins.items():
@@ -136,6 +137,7 @@ def pinned_values(pins: dict[str, Any]) -> dict[str, Any]:
             v = float(v) if "." in v else int(v)
         raw[k] = v
     plan = plan_from_dict(raw, "--pin")
+    check_values(plan)
     return {k: getattr(plan, k) for k in raw}
 
 

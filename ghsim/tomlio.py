@@ -1,4 +1,4 @@
-"""Read TOML and JSON input files, turning every parse failure into a GhsimError."""
+"""Read TOML and JSON input files and write output files, turning every failure into a GhsimError."""
 
 from __future__ import annotations
 
@@ -32,6 +32,16 @@ def read_json(path: Path) -> Any:
         raise GhsimError(f"{path}: malformed JSON: {e}") from None
     except OSError as e:
         raise GhsimError(f"{path}: cannot read: {e}") from None
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    """Write a file; an unwritable path (or a missing folder) is a one-line error."""
+    path = Path(path)
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise GhsimError(f"{path}: cannot write: {e.strerror or e}") from None
+    return path
 
 
 def sourced(table: dict[str, Any], key: str, where: str) -> float:

@@ -65,11 +65,18 @@ def load_tolerances(root: Path) -> dict[str, float]:
     tol = dict(DEFAULT_TOLERANCES)
     if path.exists():
         d = read_toml(path)
-        for k, v in d.get("tolerance", d).items():
-            if k not in DEFAULT_TOLERANCES or isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise GhsimError(f"{path}: unknown or non-numeric tolerance '{k}'")
-            tol[k] = float(v)
+        tol.update(_checked_tolerances(d.get("tolerance", d), str(path)))
     return tol
+
+
+def _checked_tolerances(table: Any, where: str) -> dict[str, float]:
+    """A [tolerance] table: known keys with numbers only (a misspelt key would silently do nothing)."""
+    if not isinstance(table, dict):
+        raise GhsimError(f"{where}: [tolerance] must be a table")
+    for k, v in table.items():
+        if k not in DEFAULT_TOLERANCES or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise GhsimError(f"{where}: unknown or non-numeric tolerance '{k}'")
+    return {k: float(v) for k, v in table.items()}
 
 
 def load_case(folder: Path, defaults: dict[str, float]) -> Case:
@@ -88,7 +95,7 @@ def load_case(folder: Path, defaults: dict[str, float]) -> Case:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise GhsimError(f"{where}: [measured] '{key}' must be a positive number")
     tol = dict(defaults)
-    tol.update({k: float(v) for k, v in d.get("tolerance", {}).items()})
+    tol.update(_checked_tolerances(d.get("tolerance", {}), where))
     trace = folder / c["trace"] if c.get("trace") else None
     if trace is not None and not trace.exists():
         raise GhsimError(f"{where}: trace file {c['trace']} is missing")

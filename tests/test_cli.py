@@ -51,6 +51,8 @@ def test_simulate_table_and_trace_and_plot(tmp_path):
     (["simulate", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--offload", "gpu"], "offload"),
     (["simulate", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--precision", "int4"], "precision"),
     (["simulate", "--hardware", "h100-sxm"], "model"),
+    (["simulate", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--plot", "step.xyz"], "cannot write"),
+    (["calibrate", "tests/data/no-such.json", "--reference", "h100-sxm"], "no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     code, out, err = cli(args)
@@ -94,3 +96,10 @@ def test_trace_command_prints_capture_lines():
     assert code == 0, err
     assert "nsys profile" in out and "--delay=" in out and "--duration=" in out
     assert "schedule(wait=9, warmup=1, active=3" in out
+
+
+def test_calibrate_refuses_a_file_whose_meta_is_not_a_table(tmp_path):
+    bad = tmp_path / "bench.json"
+    bad.write_text(json.dumps({"meta": []}))
+    code, out, err = cli(["calibrate", str(bad), "--reference", "h100-sxm", "--out-dir", str(tmp_path / "out")])
+    assert code == 2 and "not a microbenchmark file" in err and "Traceback" not in err

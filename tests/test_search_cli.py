@@ -128,3 +128,20 @@ def test_no_progress_bar_when_not_a_terminal(calfile):
     r = subprocess.run([*GHSIM, "plan", *SMALL, "--calibration", calfile, "--json"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == ""
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--gpus", "0", "--tp", "1"], "--gpus must be at least 1"),
+    (["--gpus", "2", "--tp", "0"], "--tp must be at least 1"),
+    (["--micro-batch", "0"], "--micro-batch must be at least 1"),
+    (["--seq", "-5"], "--seq must be at least 1"),
+    (["--lora-rank", "-1"], "--lora-rank must not be negative"),
+])
+def test_impossible_plan_values_are_refused_before_the_search(flags, says):
+    r = run("plan", "--model", "llama-2-7b", *flags)
+    assert r.exit_code == 2 and says in r.output
+
+
+def test_impossible_pins_are_refused_by_sweep():
+    r = run("sweep", "--models", "llama-2-7b", "--gpus", "1", "--hardware", "h100-sxm", "--pin", "micro_batch=0")
+    assert r.exit_code == 2 and "--micro-batch must be at least 1" in r.output

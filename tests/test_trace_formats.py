@@ -327,6 +327,9 @@ def test_stats_csv_decimal_comma_and_units(tmp_path):
     ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,2\n", "columns"),
     ("Time (%),Total Time (parsecs),Instances,Name\n1,2,3,k\n", "unknown time unit"),
     ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n", "no GPU activity"),
+    ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,nan,3,1,k\n", "not a finite number"),
+    ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,inf,3,1,k\n", "not a finite number"),
+    ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,2,3,1,\"" + "k" * 200_000 + "\"\n", "malformed CSV"),
 ])
 def test_stats_csv_errors(tmp_path, text, match):
     path = tmp_path / "bad.csv"

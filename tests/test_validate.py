@@ -47,6 +47,17 @@ def test_case_missing_a_field_is_named(tmp_path):
         load_case(case, load_tolerances(tmp_path))
 
 
+@pytest.mark.parametrize("line", ["utilisation_abs = 0.1", 'utilization_abs = "x"'])
+def test_case_tolerance_is_checked_like_the_shared_file(tmp_path, line):
+    case = _copy_case(tmp_path)
+    text = (case / "case.toml").read_text()
+    text = text.replace("[tolerance]\n", "[tolerance]\n" + line + "\n") if "[tolerance]" in text \
+        else text + "\n[tolerance]\n" + line + "\n"
+    (case / "case.toml").write_text(text)
+    with pytest.raises(GhsimError, match="unknown or non-numeric tolerance"):
+        load_case(case, load_tolerances(tmp_path))
+
+
 def test_case_with_missing_trace_is_named(tmp_path):
     case = _copy_case(tmp_path)
     (case / "trace.pt.trace.json.gz").unlink()

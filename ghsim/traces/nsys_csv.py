@@ -15,6 +15,7 @@ of them has no busy fraction, idle gaps, steps or windows.
 from __future__ import annotations
 
 import csv
+import math
 import io
 import re
 from dataclasses import dataclass
@@ -83,9 +84,12 @@ def _number(text: str, where: str) -> float:
     else:
         t = t.replace(",", "")   # thousands separators
     try:
-        return float(t)
+        v = float(t)
     except ValueError:
         raise GhsimError(f"{where}: not a number: {text!r:.40}") from None
+    if not math.isfinite(v):
+        raise GhsimError(f"{where}: not a finite number: {text!r:.40}")
+    return v
 
 
 def _kind(operation: str) -> str:
@@ -135,7 +139,11 @@ def load_nsys_csv(path: str | Path) -> ev.TraceData:
             text = file.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
             raise GhsimError(f"{file}: cannot read ({e.strerror})") from None
-        for table in _split_tables(text):
+        try:
+            tables = _split_tables(text)
+        except csv.Error as e:  # e.g. a field longer than the csv module allows: not an nsys report
+            raise GhsimError(f"{file}: malformed CSV ({e})") from None
+        for table in tables:
             what = _classify(table)
             if what is None:
                 continue
