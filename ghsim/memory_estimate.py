@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ghsim.graph.offload import resolve_schedule
 from ghsim.graph.step import param_counts
 from ghsim.graph.transformer import Dtypes
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan, Precision, Recompute
+from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute
 
 # Stated accuracy: on every single-GPU plan the simulator accepts, the estimate
 # lies within 10% of the replayed HBM peak; for other plans it is never above
@@ -116,11 +117,8 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int) -> tuple[float, f
 
 def _streams_gradients(plan: Plan) -> bool:
     """Offload schedules that stream gradients out during backward (all but plain PyTorch's
-    sync, which copies them after it; "auto" is sync except under DeepSpeed)."""
-    schedule = getattr(getattr(plan, "offload_schedule", None), "value", "auto")
-    if schedule == "auto":
-        return plan.framework == Framework.DEEPSPEED
-    return schedule != "sync"
+    sync, which copies them after it)."""
+    return resolve_schedule(plan) != OffloadSchedule.SYNC
 
 
 def _grad_bytes(m: ModelSpec, plan: Plan, dt: Dtypes, trainable: float) -> float:

@@ -295,8 +295,6 @@ def _neighbours(plan: Plan, index: dict[Plan, int], tables: dict[str, dict]) -> 
     dimension, the survivors grouped by everything else (built on first use, per search)."""
     out = []
     for dim in _NEIGHBOUR_DIMS:
-        if not hasattr(plan, dim):
-            continue
         if dim not in tables:
             table: dict[Plan, dict[Any, int]] = {}
             for p, j in index.items():
@@ -371,8 +369,6 @@ def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick
     plans = {p for p, _ in survivors}
     same: list[Evaluation] = []
     for field, default in PROBED.items():
-        if not hasattr(Plan, field):
-            continue
         canon = lambda p: p.with_(**{field: type(getattr(p, field))(default)})  # noqa: E731
         pair = next(((p, canon(p)) for p, _ in survivors if p != canon(p) and canon(p) in plans), None)
         if pair is None:
@@ -404,10 +400,6 @@ def _memory_order(p: Plan) -> tuple:
 
 def _recompute_rank(rc: Recompute) -> int:
     return _RECOMPUTE_MEMORY.get(rc.value, 0)
-
-
-def _memory_rank(p: Plan) -> tuple[int, int]:
-    return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0))
 
 
 class _NoFit:

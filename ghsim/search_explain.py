@@ -4,7 +4,6 @@ neighbours lost, what would make an impossible model fit, and the JSON document.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 from ghsim.hardware import GB, Hardware, load_hardware, profile_names
@@ -75,7 +74,7 @@ def render_table(r: SearchResult, top: int) -> str:
 
 # --- explanations -----------------------------------------------------------------------
 def _dims(plan: Plan) -> dict[str, Any]:
-    return {d: getattr(plan, d) for d in SEARCHED if hasattr(plan, d)}
+    return {d: getattr(plan, d) for d in SEARCHED}
 
 
 def _describe(dim: str, value: Any) -> str:
@@ -333,10 +332,3 @@ def baseline_line(r: SearchResult, e: Evaluation) -> str:
         best = r.ranked[0]
         line += f"; the best plan found is {e.step_time_s / best.step_time_s:.2f}x its speed"
     return line
-
-
-def replace_objective(r: SearchResult, objective: Objective) -> SearchResult:  # for tests and the sweep
-    from ghsim.search import score
-
-    ranked = sorted(r.ranked, key=lambda e: score(e, objective, r.price_per_gpu_hour, r.hardware))
-    return replace(r, objective=objective, ranked=tuple(ranked))

@@ -28,12 +28,7 @@ from ghsim.graph.ops import KERNEL_CATEGORIES
 from ghsim.hardware import GB, Hardware
 from ghsim.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan
-
-try:
-    from ghsim.plan import OffloadSchedule
-except ImportError:  # pragma: no cover
-    OffloadSchedule = None  # type: ignore[assignment,misc]
+from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report import StepReport
 from ghsim.simulate import check_fit_to_model, model_flops, simulate
 from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory
@@ -246,11 +241,8 @@ def compute_class(plan: Plan) -> Plan:
     Every plan of the same class runs at least these kernels, one after another on
     the compute stream, so their time is a lower bound on its step time.
     """
-    kw = dict(offload=frozenset(), offload_ratio=1.0, unified_memory=False, cuda_graphs=True,
-              optimizer_impl="fused", zero=0)
-    if OffloadSchedule is not None:
-        kw["offload_schedule"] = OffloadSchedule("auto")
-    return plan.with_(**kw)
+    return plan.with_(offload=frozenset(), offload_ratio=1.0, unified_memory=False, cuda_graphs=True,
+                      optimizer_impl="fused", zero=0, offload_schedule=OffloadSchedule.AUTO)
 
 
 def compute_bound(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration) -> float:

@@ -23,12 +23,7 @@ from typing import Any, Iterator
 from ghsim.errors import GhsimError
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan, Precision, Recompute
-
-try:  # the offload schedule arrived with the offload model; older plans lack it
-    from ghsim.plan import OffloadSchedule
-except ImportError:  # pragma: no cover
-    OffloadSchedule = None  # type: ignore[assignment,misc]
+from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute
 
 # Offload sets, canonical: moving gradients or parameters to the host implies the
 # optimizer goes with them (ZeRO-Offload, FSDP CPUOffload), so "grads" always
@@ -111,11 +106,9 @@ def default_global_batch(gpus: int) -> int:
 def default_space(model: ModelSpec, hw: Hardware, base: Plan,
                   precisions: tuple[Precision, ...] = DEFAULT_PRECISIONS) -> SearchSpace:
     gpus = base.gpus
-    schedules: tuple[Any, ...] = (None,)
-    if OffloadSchedule is not None:
-        # "auto" is the framework's own schedule (plain PyTorch: sync, DeepSpeed: overlapped);
-        # search it and every schedule no framework picks by itself (superoffload)
-        schedules = tuple(s for s in OffloadSchedule if s.value not in AUTO_RESOLVES_TO)
+    # "auto" is the framework's own schedule (plain PyTorch: sync, DeepSpeed: overlapped);
+    # search it and every schedule no framework picks by itself (superoffload)
+    schedules = tuple(s for s in OffloadSchedule if s.value not in AUTO_RESOLVES_TO)
     return SearchSpace(
         precisions=tuple(precisions),
         frameworks=(base.framework,),
@@ -205,21 +198,11 @@ def groups(space: SearchSpace, base: Plan) -> Iterator[Group]:
                 for impl in _impls(space, offload, ratio):
                     for prec, fw in prec_fw:
                         kw: dict[str, Any] = dict(precision=prec, framework=fw, zero=zero, offload=offload,
-                                                  offload_ratio=ratio, tp=tp, pp=pp, ep=ep, optimizer_impl=impl)
-                        if hasattr(base, "sequence_parallel"):
-                            kw.update(sequence_parallel=sp, pp_interleave=v)
-                        if schedule is not None:
-                            kw["offload_schedule"] = schedule
+                                                  offload_ratio=ratio, tp=tp, pp=pp, ep=ep, optimizer_impl=impl,
+                                                  sequence_parallel=sp, pp_interleave=v, offload_schedule=schedule)
                         # unified memory is searched as the alternative to explicit offload
                         um = space.unified_memory if not offload else _keep(space.unified_memory, lambda u: not u)
                         yield Group(replace(base, **kw), space.recomputes, mbs, tuple(um), space.cuda_graphs)
-
-
-def candidates(space: SearchSpace, base: Plan) -> Iterator[Plan]:
-    """Every distinct plan of the space (the flat view of `groups`)."""
-    for g in groups(space, base):
-        for rc, mb, um, cg in itertools.product(g.recomputes, g.micro_batches, g.unified_memory, g.cuda_graphs):
-            yield replace(g.base, recompute=rc, micro_batch=mb, unified_memory=um, cuda_graphs=cg)
 
 
 def _keep(values: tuple, ok) -> list:
@@ -232,7 +215,7 @@ def _offload_variants(space: SearchSpace, offload: frozenset[str]) -> list[tuple
     ratios = space.offload_ratios if "optimizer" in offload else (1.0,)
     # superoffload schedules the optimizer: it needs one on the host
     schedules = _keep(space.offload_schedules,
-                      lambda s: "optimizer" in offload or s is None or s.value != "superoffload")
+                      lambda s: "optimizer" in offload or s != OffloadSchedule.SUPEROFFLOAD)
     return [(r, s) for r in ratios for s in schedules]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -155,7 +155,3 @@ def write_results(df, path: str) -> None:
         raise GhsimError(f"{path}: Parquet needs pyarrow (pip install pyarrow), or write .csv") from None
     except OSError as e:
         raise GhsimError(f"{path}: cannot write: {e.strerror}") from None
-
-
-def task_dict(t: SweepTask) -> dict[str, Any]:
-    return asdict(t)

@@ -10,10 +10,8 @@ H100 set read as efficiencies (see its meta), not an A100 measurement.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ghsim.errors import GhsimError
 from ghsim.hardware import load_hardware
@@ -33,19 +31,12 @@ class Row:
     published: float
     predicted: float | None  # None: not simulated (see note)
     note: str = ""
-    sim_s: float = 0.0  # wall time of the simulation
 
     @property
     def error(self) -> float | None:
         if self.predicted is None or not self.published:
             return None
         return self.predicted / self.published - 1.0
-
-
-def _timed(fn: Callable):
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
 
 
 def megatron_flops(model, batch: int, seq: int) -> float:
@@ -72,12 +63,11 @@ def narayanan(path: Path, framework: Framework = Framework.MEGATRON_LEGACY) -> l
         plan = Plan(gpus=r["gpus"], tp=r["tp"], pp=r["pp"], global_batch=r["global_batch"], micro_batch=1,
                     seq=d["setup"]["seq"], precision=Precision.FP16, recompute=Recompute.FULL,
                     framework=framework)
-        rep, dt = _timed(lambda: simulate(model, hw, plan, keep_timeline=False))
+        rep = simulate(model, hw, plan, keep_timeline=False)
         tflops = megatron_flops(model, r["global_batch"], d["setup"]["seq"]) / (rep.step_time_s * r["gpus"]) / 1e12
         rows.append(Row(path.stem, f"{r['model']} tp{r['tp']} pp{r['pp']} {r['gpus']} GPUs", "TFLOP/s per GPU",
                         r["achieved_tflops_per_gpu"], tflops,
-                        f"step {rep.step_time_s:.2f} s, bubble {rep.extra['parallel']['pipeline_bubble_fraction']:.1%}",
-                        dt))
+                        f"step {rep.step_time_s:.2f} s, bubble {rep.extra['parallel']['pipeline_bubble_fraction']:.1%}"))
     return rows
 
 
@@ -98,10 +88,10 @@ def korthikanti(path: Path, framework: Framework = Framework.MEGATRON_LEGACY) ->
                         micro_batch=r["micro_batch"], seq=d["setup"]["seq"], precision=Precision.FP16,
                         recompute=rc, sequence_parallel=sp, pp_interleave=r["interleave"],
                         framework=framework)
-            rep, dt = _timed(lambda: simulate(model, hw, plan, keep_timeline=False))
+            rep = simulate(model, hw, plan, keep_timeline=False)
             fit = "" if rep.fits else "; predicted not to fit: " + "; ".join(rep.fit_problems)
             rows.append(Row(path.stem, f"{r['model']} {label}", "iteration s", r[key], rep.step_time_s,
-                            f"HBM peak {rep.hbm.peak_bytes / 1e9:.1f} GB{fit}", dt))
+                            f"HBM peak {rep.hbm.peak_bytes / 1e9:.1f} GB{fit}"))
     return rows
 
 
@@ -115,11 +105,11 @@ def rajbhandari(path: Path) -> list[Row]:
     for r in d["row"]:
         for zero, key in enumerate(("baseline_gb", "zero1_os_gb", "zero2_os_g_gb", "zero3_os_g_p_gb")):
             plan = Plan(gpus=r["dp"], zero=zero, seq=2048, precision=Precision.FP16, framework=Framework.DEEPSPEED)
-            rep, dt = _timed(lambda: simulate(model, hw, plan, keep_timeline=False))
+            rep = simulate(model, hw, plan, keep_timeline=False)
             states = rep.extra["parallel"]["stages"][0]["model_state_bytes"]
             rows.append(Row(path.stem, f"ZeRO-{zero}, {r['dp']} GPUs", "model states GB", r[key],
                             sum(states.values()) / 1e9,
-                            ", ".join(f"{k} {v / 1e9:.2f}" for k, v in states.items()), dt))
+                            ", ".join(f"{k} {v / 1e9:.2f}" for k, v in states.items())))
     return rows
 
 
@@ -140,25 +130,25 @@ def steiger(path: Path) -> list[Row]:
                     offload_schedule=OffloadSchedule(r.get("offload_schedule", "auto")),
                     offload_ratio=r.get("offload_ratio", 1.0))  # the authors' offload settings, if any
         try:
-            rep, dt = _timed(lambda: simulate(model, hw, plan, keep_timeline=False))
+            rep = simulate(model, hw, plan, keep_timeline=False)
         except GhsimError as e:
             rows.append(Row(path.stem, label, "tokens/s", r.get("tokens_per_s", 0.0), None, str(e)))
             continue
         if r.get("status") == "OOM":
             rows.append(Row(path.stem, label, "fits (1 = yes)", 0.0, 0.0 if not rep.fits else 1.0,
-                            f"published OOM; predicted HBM peak {rep.hbm.peak_bytes / 1e9:.1f} GB", dt))
+                            f"published OOM; predicted HBM peak {rep.hbm.peak_bytes / 1e9:.1f} GB"))
             continue
         if "tokens_per_s" in r:
             rows.append(Row(path.stem, label, "tokens/s (4 GPUs)", r["tokens_per_s"], rep.tokens_per_s,
-                            f"step {rep.step_time_s * 1e3:.0f} ms", dt))
+                            f"step {rep.step_time_s * 1e3:.0f} ms"))
             if r["zero"] == 3 and not offload:
                 reference = rep.tokens_per_s
         if "throughput_vs_zero3" in r and reference:
             rows.append(Row(path.stem, label, "throughput vs ZeRO-3 (ratio)", 1 + r["throughput_vs_zero3"],
                             rep.tokens_per_s / reference, r.get("read_from", "")
-                            + (f"; {r['caveat']}" if "caveat" in r else ""), dt))
+                            + (f"; {r['caveat']}" if "caveat" in r else "")))
         rows.append(Row(path.stem, label, "peak VRAM GB", r["peak_vram_gb"], rep.hbm.peak_bytes / 1e9,
-                        "published peak includes model initialization", dt))
+                        "published peak includes model initialization"))
     return rows
 
 

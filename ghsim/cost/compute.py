@@ -135,9 +135,6 @@ class CostModel:
         return fit.fixed_s + params / (fit.rate * self.hbm_ratio)
 
     # --- host side ------------------------------------------------------------
-    def copy_time(self, nbytes: float, direction: str, pinned: bool) -> float:
-        return self.host.copy_time(nbytes, direction, pinned)
-
     def cpu_optimizer_time(self, params: float, impl: str = "") -> float:
         return self.host.cpu_optimizer_time(params, impl or TORCH_CPU_ADAM)
 

@@ -40,7 +40,6 @@ ALL_GATHER = "all_gather"
 REDUCE_SCATTER = "reduce_scatter"
 ALL_TO_ALL = "all_to_all"
 SEND = "send"
-KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND)
 
 # NCCL runs one CTA per channel, each on its own SM, for the whole collective.
 # Assumption: 16 channels for a large collective on NVLink-connected Hopper/Ampere
@@ -81,11 +80,6 @@ class Fabric:
     def of(hw: Hardware) -> "Fabric":
         return Fabric(hw.gpu_link.bandwidth, hw.gpu_link.per_peer, hw.gpu_link.latency_s,
                       hw.network.bandwidth, hw.network.latency_s)
-
-    def scaled(self, nvlink: float = 1.0, net: float = 1.0) -> "Fabric":
-        """The same fabric with faster (>1) or slower links: for what-ifs and property tests."""
-        return Fabric(self.nvlink_bw * nvlink, self.nvlink_peer_bw * nvlink, self.call_latency,
-                      self.net_bw * net, self.net_latency, self.nvlink_latency)
 
     def intra_node_bw(self, members: int) -> float:
         """Bandwidth one GPU gets to `members - 1` peers in its node."""

@@ -94,10 +94,15 @@ class OffloadSetup:
         return self.optimizer and (self.schedule != OffloadSchedule.SYNC or self.params)
 
 
+def resolve_schedule(plan: Plan) -> OffloadSchedule:
+    """The plan's offload schedule, "auto" resolved: the framework's own (DeepSpeed overlaps, plain PyTorch syncs)."""
+    if plan.offload_schedule == OffloadSchedule.AUTO:
+        return OffloadSchedule.OVERLAPPED if plan.framework == Framework.DEEPSPEED else OffloadSchedule.SYNC
+    return plan.offload_schedule
+
+
 def resolve(plan: Plan) -> OffloadSetup:
-    schedule = plan.offload_schedule
-    if schedule == OffloadSchedule.AUTO:
-        schedule = OffloadSchedule.OVERLAPPED if plan.framework == Framework.DEEPSPEED else OffloadSchedule.SYNC
+    schedule = resolve_schedule(plan)
     params = "params" in plan.offload
     # Gradients must reach the CPU optimizer, and offloaded parameters are updated
     # where their fp32 masters live (ZeRO-Infinity, FSDP CPUOffload): both imply the rest.
