@@ -12,11 +12,11 @@ import click
 
 from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
+from ghsim.search_space import SEARCHED
 from ghsim.tomlio import write_text
 
 # plan fields the search varies: an explicit flag pins them
-_PINNABLE = ("zero", "precision", "recompute", "offload", "offload_ratio", "offload_schedule", "unified_memory",
-             "tp", "pp", "ep", "sequence_parallel", "pp_interleave", "micro_batch", "cuda_graphs")
+_PINNABLE = SEARCHED
 PLAN_FRAMEWORK = "deepspeed"  # ZeRO and offload plans are DeepSpeed's; --framework changes it
 PLAN_OPTIMIZER = "fused"
 
@@ -170,14 +170,15 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
             from ghsim.search_plot import plot_pareto
 
             plot_pareto(result, plot_file)
+    advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
     if as_json:
         click.echo(json.dumps(to_json(result, top, base_eval), indent=2))
     else:
         if base_eval is not None:
             click.echo(baseline_line(result, base_eval))
-        click.echo(render_table(result, top) if result.ranked else "\n".join(no_fit_advice(result)))
+        click.echo(render_table(result, top) if result.ranked else "\n".join(advice))
     if not result.ranked:
-        fixes = [line.strip("- ").strip() for line in no_fit_advice(result) if line.startswith("  - ")]
+        fixes = [line.strip("- ").strip() for line in advice if line.startswith("  - ")]
         raise GhsimError(f"no plan fits {model.name} on {base.gpus} x {hw.name}"
                          + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:

@@ -29,7 +29,7 @@ from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
 from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
-from ghsim.search_space import Group, SearchSpace, groups
+from ghsim.search_space import SEARCHED, Group, SearchSpace, groups
 from ghsim.simulate import check_fit_to_model
 
 BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
@@ -286,8 +286,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     return out
 
 
-_NEIGHBOUR_DIMS = ("precision", "recompute", "zero", "offload", "offload_ratio", "offload_schedule",
-                   "unified_memory", "micro_batch", "cuda_graphs", "pp_interleave", "sequence_parallel")
+_NEIGHBOUR_DIMS = tuple(d for d in SEARCHED if d not in ("tp", "pp", "ep"))  # a layout is a seed of its own
 
 
 def _neighbours(plan: Plan, index: dict[Plan, int], tables: dict[str, dict]) -> list[int]:
@@ -321,8 +320,8 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
         for um in g.unified_memory:
             base = g.base.with_(unified_memory=um)
             sub_size = g.size // len(g.unified_memory)
-            floor = estimate_memory(model, hw, base.with_(micro_batch=g.micro_batches[0],
-                                                          recompute=min(g.recomputes, key=_recompute_rank)))
+            floor_plan = base.with_(micro_batch=g.micro_batches[0], recompute=min(g.recomputes, key=_recompute_rank))
+            floor = estimate_memory(model, hw, floor_plan)
             if not may_fit(replace(floor, hbm_bytes=floor.floor_bytes), hw, base):
                 reason = _why(floor, hw, base, floor=True)
                 pruned_groups.append(PrunedGroup(base, sub_size, reason))
@@ -331,7 +330,7 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
             for rc in g.recomputes:
                 for i, mb in enumerate(g.micro_batches):
                     plan = base.with_(recompute=rc, micro_batch=mb)
-                    est = estimate_memory(model, hw, plan)
+                    est = floor if plan == floor_plan else estimate_memory(model, hw, plan)
                     if not may_fit(est, hw, plan):
                         # activations only grow with the micro-batch: the larger ones cannot fit either
                         why = _why(est, hw, plan)

@@ -4,6 +4,7 @@ neighbours lost, what would make an impossible model fit, and the JSON document.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 from ghsim.hardware import GB, Hardware, load_hardware, profile_names
@@ -93,22 +94,22 @@ def _describe(dim: str, value: Any) -> str:
 def neighbours(r: SearchResult, plan: Plan) -> list[tuple[str, Evaluation | None, Any]]:
     """Plans one searched choice away from `plan`: (what differs, its evaluation, or for a
     group pruned whole, (reason, the other value))."""
-    by_plan = {e.plan: e for e in r.evaluations}
     groups = {_group_key(g.base, r.base): g.reason for g in r.pruned_groups}
     mine = _dims(plan)
+    searched = operator.attrgetter(*SEARCHED)  # (a big search judges ~10^5 plans: compare tuples)
+    my_values = searched(plan)
     out = []
     for e in r.evaluations:
-        d = _dims(e.plan)
-        diff = [k for k in mine if d[k] != mine[k]]
-        if len(diff) == 1:
-            out.append((diff[0], e, ""))
-    seen = {e.plan for _, e, _ in out if e}
+        differs = [k for k, (a, b) in enumerate(zip(my_values, searched(e.plan))) if a != b]
+        if len(differs) == 1:
+            out.append((SEARCHED[differs[0]], e, ""))
+    seen = {e.plan for _, e, _ in out if e}  # every evaluated plan one choice away
     for dim in mine:  # members of groups pruned whole: rebuild the plan, look up its group
         for other in _values_seen(r, dim):
             if other == mine[dim]:
                 continue
             p = plan.with_(**{dim: other})
-            if p in seen or p in by_plan:
+            if p in seen:
                 continue
             reason = groups.get(_group_key(p, r.base))
             if reason:

@@ -254,7 +254,7 @@ def compute_bound(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration) 
     try:
         for n in layers:
             r = simulate(replace(model, num_layers=n), hw, rep, cal, keep_timeline=False)
-            per_micro[n] = sum(r.time_breakdown_s.get(c, 0.0) for c in COMPUTE_CATEGORIES)
+            per_micro[n] = _compute(r)
     except GhsimError:
         return 0.0
     return _linear(per_micro, model.num_layers) * plan.grad_accum
