@@ -106,7 +106,7 @@ def plan_from_flags(kw: dict[str, Any]):
     if kw.get("ds_file"):
         from ghsim.deepspeed import plan_dict_from_ds_config
 
-        base.update(plan_dict_from_ds_config(Path(kw["ds_file"]), gpus=kw.get("gpus")))
+        base.update(plan_dict_from_ds_config(Path(kw["ds_file"])))
     for flag, field_name in _FLAG_TO_FIELD.items():
         if kw.get(flag) is not None:
             base[field_name] = kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]

@@ -18,7 +18,7 @@ def _int(d: dict[str, Any], key: str, where: str) -> int | None:
     return v
 
 
-def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, Any]:
+def plan_dict_from_ds_config(path: Path) -> dict[str, Any]:
     """Plan fields a ds_config implies: ZeRO stage and offload, precision, batch sizes."""
     where = str(path)
     ds = read_json(path)
@@ -84,10 +84,8 @@ def plan_dict_from_ds_config(path: Path, gpus: int | None = None) -> dict[str, A
             raise GhsimError(f"{where}: train_batch_size {gb} is not train_micro_batch_size_per_gpu {mb} x "
                              f"gradient_accumulation_steps {ga} x ranks")
         out["global_batch"] = gb
-    elif ga and mb and gpus:
-        out["global_batch"] = ga * mb * gpus
     elif ga:
-        out["grad_accum"] = ga  # resolved against the plan's data-parallel ranks
+        out["grad_accum"] = ga  # resolved against the plan's data-parallel ranks (gpus / (tp x pp))
     ac = ds.get("activation_checkpointing", {})
     if isinstance(ac, dict) and ac.get("partition_activations") is not None:
         out["recompute"] = "full"

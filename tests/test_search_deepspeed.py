@@ -14,7 +14,7 @@ from ghsim.plan import plan_from_dict
 def ds(tmp_path, config) -> dict:
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config) if not isinstance(config, str) else config)
-    return plan_dict_from_ds_config(path, gpus=4)
+    return plan_dict_from_ds_config(path)
 
 
 def test_zero_offload_config(tmp_path):
@@ -42,6 +42,9 @@ def test_accumulation_without_gpus_resolves_against_the_plan(tmp_path):
     d = plan_dict_from_ds_config(path)
     assert d["grad_accum"] == 8
     assert plan_from_dict({**d, "gpus": 2}).resolved_global_batch == 16
+    # data-parallel ranks, not GPUs: with tp 2 on 8 GPUs, 4 ranks x 1 x 8 accumulation steps
+    tp = plan_from_dict({**d, "gpus": 8, "tp": 2})
+    assert tp.grad_accum == 8 and tp.resolved_global_batch == 32
 
 
 @pytest.mark.parametrize("config,message", [
