@@ -433,7 +433,7 @@ def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: St
                                  or sched == OffloadSchedule.SUPEROFFLOAD) and setup.optimizer
 
     if setup.activations and overlapped:
-        _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph)
+        _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd)
     elif setup.activations and plan.recompute != Recompute.FULL and (hooks is None or hooks.loss):
         _sync_loss_offload(rw, by_mb, model, plan, new)
     if setup.params:
@@ -446,7 +446,7 @@ def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: St
     return out, rw.mapping
 
 
-def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, graph) -> None:
+def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd) -> None:
     """Each layer's saved activations leave after its forward and are prefetched one layer ahead."""
     saved = facts.saved_per_layer
     if saved <= 0:
@@ -554,10 +554,11 @@ def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, gr
         if steps:
             _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready)
         return
-    bwd_gpu = sum(op.duration for i, op in enumerate(graph.ops)
-                  if graph.microbatch[i] == 0 and op.resource == "gpu" and op.phase in ("bwd", "recompute"))
-    widths = _transfer_widths(setup, grad_width, facts, price, bwd_gpu / max(P, 1.0))
     superoffload = sched == OffloadSchedule.SUPEROFFLOAD
+    # SuperOffload places its casts against the backward's GPU time per parameter (_transfer_widths)
+    bwd_gpu = sum(op.duration for i, op in enumerate(graph.ops) if graph.microbatch[i] == 0
+                  and op.resource == "gpu" and op.phase in ("bwd", "recompute")) if superoffload else 0.0
+    widths = _transfer_widths(setup, grad_width, facts, price, bwd_gpu / max(P, 1.0))
     main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
     arrivals: list[tuple[New, float, GradSource]] = []  # each piece's last op on its way to the host
     for src in sources:
@@ -594,20 +595,18 @@ def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, gr
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        chain = [New(_cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
+        chain = [new(_cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
-            chain.append(New(_cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
+            chain.append(new(_cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
                              src.layer, last_mb))
         prev = chain[-1]
         if returns:
             nbytes = params * widths.param
-            chain.append(New(_copy("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
+            chain.append(new(_copy("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
                                    _bucket_count(nbytes, setup, widths.latency_rate_h2d),
                                    superoffload and duplex_bwd), [prev], src.layer, last_mb))
             if widths.param_gpu_cast:
-                chain.append(New(_gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
-        for n in chain:
-            _price_once(n, price)
+                chain.append(new(_gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
         if superoffload:
             # speculative: the CPU steps right behind each bucket, during backward; the copies
             # back are queued after backward's own host-to-device traffic
@@ -620,11 +619,6 @@ def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, gr
                 rw.append(n)
     for n in later:
         rw.append(n)
-
-
-def _price_once(new: New, price) -> None:
-    if not new.op.duration:
-        new.op.duration = price(new.op)
 
 
 def _grad_bytes_per_run(graph: OpGraph, by_mb) -> dict[tuple[int, int], float]:
@@ -680,18 +674,17 @@ def _transfer_widths(setup: OffloadSetup, grad_width: float, facts: StepFacts, p
     if setup.fsdp_like:  # FSDP casts the reduced gradient to the fp32 parameter dtype before offloading
         return Widths(4, 4, gw == 2, False, False, False, lat_d2h, lat_h2d)
     fetched = setup.params  # ZeRO-Infinity: no copy back; the CPU writes the bf16 host copy instead
-    options = []
-    for g_gpu in ((False, True) if gw == 2 else (False,)):
-        for p_gpu in ((False, True) if pw == 2 and not fetched else (False,)):
-            gpu = gpu_seconds_per_param + gpu_cast * (g_gpu + p_gpu)
-            cpu = adam + cpu_cast * ((gw == 2 and not g_gpu) + ((pw == 2 or fetched) and not p_gpu))
-            down = d2h[4 if (g_gpu or gw == 4) else 2]
-            up = 0.0 if fetched else h2d[4 if (p_gpu or pw == 4) else 2]
-            options.append((max(gpu, cpu, down, up), g_gpu, p_gpu))
+    g_gpu = p_gpu = False  # ZeRO-Offload: casts on the CPU
     if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+        options = []
+        for g in ((False, True) if gw == 2 else (False,)):
+            for p in ((False, True) if pw == 2 and not fetched else (False,)):
+                gpu = gpu_seconds_per_param + gpu_cast * (g + p)
+                cpu = adam + cpu_cast * ((gw == 2 and not g) + ((pw == 2 or fetched) and not p))
+                down = d2h[4 if (g or gw == 4) else 2]
+                up = 0.0 if fetched else h2d[4 if (p or pw == 4) else 2]
+                options.append((max(gpu, cpu, down, up), g, p))
         _, g_gpu, p_gpu = min(options, key=lambda o: o[0])
-    else:
-        g_gpu = p_gpu = False
     grad_cpu_cast = gw == 2 and not g_gpu
     param_cpu_cast = (pw == 2 or fetched) and not p_gpu
     g_link = 4 if (g_gpu or gw == 4) else 2

@@ -18,6 +18,7 @@ from ghsim.graph.transformer import (
     LEARNED_POSITION_FWD_KERNELS,
     RMSNORM_BWD_KERNELS,
     RMSNORM_FWD_KERNELS,
+    Dtypes,
     LayerBuilder,
     LayerSplit,
     _dtyped,
@@ -194,7 +195,7 @@ def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
 
 
 def _embedding_fwd(model: ModelSpec, plan: Plan) -> Op:
-    T, h, rs = plan.micro_batch * plan.seq, model.hidden_size, LayerBuilder(model, plan).dt.residual
+    T, h, rs = plan.micro_batch * plan.seq, model.hidden_size, Dtypes.of(plan).residual
     if plan.framework.fused_kernels and model.position == "learned":
         # Megatron's Embedding: word lookup, position lookup, then their sum (three kernels)
         op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
@@ -208,7 +209,8 @@ def _embedding_fwd(model: ModelSpec, plan: Plan) -> Op:
 def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
     """Dense embedding backward: zero a vocab x hidden fp32 gradient and scatter-add into it."""
     T, h, V = plan.micro_batch * plan.seq, model.hidden_size, model.vocab_size
-    g = T * h * (4 if LayerBuilder(model, plan).dt.autocast_casts else LayerBuilder(model, plan).dt.residual)
+    dt = Dtypes.of(plan)
+    g = T * h * (4 if dt.autocast_casts else dt.residual)
     if plan.lora_rank:  # frozen embedding: the gradient just dies
         op = Op(name="embedding.grad_free", category="other", kind=K.MEMBOUND, resource="gpu", variant="copy",
                 kernels=0, phase="bwd")
@@ -216,7 +218,7 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
     if plan.framework.fused_kernels:
         # Megatron: the embedding gradient in the working gradient dtype (its main_grad buffer);
         # learned positions add the same zero-and-scatter for the position table
-        width = LayerBuilder(model, plan).dt.grad
+        width = dt.grad
         learned = model.position == "learned"
         op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
                 bytes=V * h * width + 2 * g + (plan.seq * h * width + 2 * g if learned else 0.0),
@@ -242,7 +244,7 @@ def _fused_optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> l
     stream at the measured device-copy rate; each is one multi-tensor call, chunked into
     launches as the AdamW call is."""
     P, n = counts.trainable, counts.n_tensors
-    dt = LayerBuilder(model, plan).dt
+    dt = Dtypes.of(plan)
     launches = adamw_launches(n, P, "fused")
     ops = [Op(name="optimizer.grad_norm", category="optimizer", kind=K.MEMBOUND, resource="gpu",
               variant=_dtyped("copy", dt.grad), bytes=P * dt.grad, kernels=launches, phase="opt"),
@@ -296,7 +298,7 @@ def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> Op
 
 def _offload_facts(model: ModelSpec, plan: Plan, saved: float) -> StepFacts:
     counts = param_counts(model, plan)
-    dt = LayerBuilder(model, plan).dt
+    dt = Dtypes.of(plan)
     x_bytes = plan.micro_batch * plan.seq * model.hidden_size * dt.residual
     return StepFacts(trainable=counts.trainable, n_tensors=counts.n_tensors,
                      saved_per_layer=offload_saved_bytes(plan, saved, x_bytes),
@@ -338,7 +340,7 @@ def accumulating(template: list[Op]) -> list[Op]:
 def static_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
     """HBM held for the whole step before any op runs: parameters and optimizer states."""
     counts = param_counts(model, plan)
-    dt = LayerBuilder(model, plan).dt
+    dt = Dtypes.of(plan)
     out: dict[str, float] = {}
     if plan.lora_rank:
         out["params"] = (counts.total) * dt.param + counts.trainable * 4

@@ -372,8 +372,6 @@ class LayerBuilder:
             self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, "elementwise",
                      creates={f"{p.name}.x16": T * p.n_in * 2})
             keep.append(f"{p.name}.x16")
-        else:
-            keep.append(inp)
         if dt.autocast_casts and not lora:
             w = p.n_in * p.n_out * p.experts
             self.mem(f"{p.name}.cast_w", "cast_fp32_to_bf16", w * 6, 1, "elementwise",
@@ -386,7 +384,7 @@ class LayerBuilder:
             # scale-and-add, plus autocast's casts of the two fp32 adapters
             self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, "elementwise", transient=out_bytes)
             keep.append(f"{p.name}.xa")
-        return [k for k in keep if k != inp]
+        return keep  # (the input itself is the caller's to keep)
 
     def projection_bwd(self, p: Projection, grad_out: str, grad_in: str, kept: list[str]) -> None:
         """dgrad into `grad_in`, weight (or adapter) gradients, then frees what the forward kept."""
