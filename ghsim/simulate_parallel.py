@@ -221,6 +221,7 @@ class RankPricing:
     cost: CostModel
     fabric: Fabric
     host_side: HostSide
+    groups: dict  # the rank's communicators by stream (Layout.groups())
     templates: dict = field(default_factory=dict, compare=False)  # priced op templates, built once per plan
     # what has been built for this plan: micro-batch graphs by (layers, chunk kind, final), its StepMemory
     built: dict = field(default_factory=dict, compare=False)
@@ -229,11 +230,12 @@ class RankPricing:
     def of(hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
            host_side: HostSide | None = None) -> "RankPricing":
         host_side = host_side or HostSide.of(hw, plan, calibration)  # host link, CPU and memory shared per node
-        return RankPricing(Layout.of(plan, hw), CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan)),
-                           fabric or Fabric.of(hw), host_side)
+        layout = Layout.of(plan, hw)
+        return RankPricing(layout, CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan)),
+                           fabric or Fabric.of(hw), host_side, layout.groups())
 
     def comm_time(self, kind: str, nbytes: float, stream: str, calls: int) -> float:
-        return collective_time(kind, nbytes, self.layout.groups()[stream], self.fabric, calls)
+        return collective_time(kind, nbytes, self.groups[stream], self.fabric, calls)
 
     def price(self, op: Op) -> float:
         if op.kind == K.COLLECTIVE:
@@ -355,7 +357,7 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
 
     rank = rank or prepare(model, hw, plan, calibration, fabric, host_side)
     layout, host_side, fabric = rank.layout, rank.host_side, rank.fabric
-    groups = layout.groups()
+    groups = rank.groups
     per_chunk = model.num_layers // layout.chunks
     kind_of = chunk_kinds(layout)
     M, pp, v = plan.grad_accum, layout.pp, layout.interleave
