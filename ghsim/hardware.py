@@ -141,9 +141,7 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
     peak_flops = {dt: s(peaks, dt, "gpu.peak_tflops") * 1e12 for dt in DTYPES}
     if any(v <= 0 for v in peak_flops.values()):
         raise GhsimError(f"{where} [gpu.peak_tflops]: every peak must be positive")
-    gpus_per_node = gl_t.get("gpus_per_node", 1)
-    if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-        raise GhsimError(f"{where} [gpu_link]: 'gpus_per_node' must be a positive integer")
+    gpus_per_node = _count(gl_t, "gpus_per_node", f"{where} [gpu_link]")
     price = d.get("price_per_gpu_hour_usd")
     return Hardware(
         name=str(d.get("name", Path(where).stem)),
@@ -178,7 +176,7 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
                 if "in_place_read_gbps" in link_t
                 else 0.0
             ),
-            gpus_sharing=int(link_t.get("gpus_sharing_host_link", 1)),
+            gpus_sharing=_count(link_t, "gpus_sharing_host_link", f"{where} [host_link]"),
         ),
         unified_memory=UnifiedMemory(
             supported=_bool(um_t, "supported", where, False),
@@ -249,3 +247,13 @@ def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None) ->
     if overrides:
         d = apply_overrides(d, overrides, str(path))
     return hardware_from_dict(d, str(path))
+
+
+def _count(table: dict[str, Any], key: str, where: str) -> int:
+    """A sourced topology count `{ value = n, source = "..." }` (1 when the profile leaves it out)."""
+    if key not in table:
+        return 1
+    v = sourced(table, key, where)
+    if v != int(v) or v < 1:
+        raise GhsimError(f"{where}: '{key}' must be a positive integer")
+    return int(v)
