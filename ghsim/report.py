@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
-UM = "um"  # unified-memory stalls (graph/unified_memory.py)
+from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, UM, Op
 from ghsim.sim.engine import Schedule
 from ghsim.sim.memory import TierPeak
 

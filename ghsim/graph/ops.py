@@ -23,6 +23,7 @@ KERNEL_CATEGORIES = (
 )
 COPY = "memcpy"  # host<->device copies (copy engines)
 CPU = "cpu"  # host compute: CPU optimizer, data loading, casts on the host
+UM = "um"  # a unified-memory stall on the compute stream (pages migrating in; not a kernel)
 
 # Kinds of work the cost model knows how to price.
 GEMM = "gemm"

@@ -35,11 +35,10 @@ import numpy as np
 
 from ghsim.graph import ops as K
 from ghsim.graph.offload import BWD, FWD, New, Rewriter, find_runs
-from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.ops import UM, Op, OpGraph
 from ghsim.hardware import Hardware
 from ghsim.sim.memory import TierPeak
 
-UM = "um"  # category of a unified-memory stall on the compute stream (not a kernel)
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,7 @@ def _fixed(values, allowed: Sequence[str]) -> pd.Categorical:
 
 
 def make_kernels(name, start_ns, dur_ns, device, stream, count=None, *,
-                 name_categories: Sequence[str] | None = None, short_name=None,
-                 category=None) -> pd.DataFrame:
+                 name_categories: Sequence[str] | None = None, category=None) -> pd.DataFrame:
     """Kernel table; `name` is strings, or int codes into `name_categories`."""
     n = len(start_ns)
     cols = {
@@ -113,8 +112,6 @@ def make_kernels(name, start_ns, dur_ns, device, stream, count=None, *,
         "stream": _ints(stream, np.int64),
         "count": _ints(count if count is not None else np.ones(n, np.int64), np.int64),
     }
-    if short_name is not None:
-        cols["short_name"] = _names(short_name)
     if category is not None:
         from ghsim.traces.categories import CATEGORIES
         cols["category"] = _fixed(category, CATEGORIES)
