@@ -25,24 +25,15 @@ from typing import Callable
 from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
-from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks, StepFacts, apply_offload_mapped, sync_activation_offload
+from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks, StepFacts, apply_offload_mapped
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
-from ghsim.graph.step import (
-    ParamCounts,
-    _embedding_bwd,
-    accumulating,
-    _embedding_fwd,
-    _layer_templates,
-    _loss_ops,
-    _optimizer_ops,
-    param_counts,
-)
+from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, param_counts, priced_templates
 from ghsim.graph.transformer import Dtypes, LayerSplit
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
+from ghsim.plan import Framework, Plan
 
 # Gradient buckets, by framework (bytes of gradients reduced per collective call).
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25), the default
@@ -327,22 +318,6 @@ def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
 CommTime = Callable[[str, float, str, int], float]  # (kind, bytes, group/stream, calls) -> seconds
 
 
-def _priced_templates(local: ModelSpec, plan: Plan, split: LayerSplit, price: Callable[[Op], float]) -> dict:
-    """One rank's layer, loss and embedding op templates, priced: the same for every chunk and
-    micro-batch of a plan (builders copy an op with own() before changing it)."""
-    offload = resolve_offload(plan)
-    fwd, bwd, cache_bytes, saved_per_layer = _layer_templates(local, plan, split)
-    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
-        fwd, bwd = sync_activation_offload(fwd, bwd, local, plan, saved_per_layer)  # torch's save_on_cpu
-    t = {"fwd": fwd, "bwd": bwd, "cache_bytes": cache_bytes, "saved_per_layer": saved_per_layer}
-    t["loss_fwd"], t["loss_bwd"] = _loss_ops(local, plan)
-    t["emb_fwd"], t["emb_bwd"] = [_embedding_fwd(local, plan)], _embedding_bwd(local, plan)
-    for name in ("fwd", "bwd", "loss_fwd", "loss_bwd", "emb_fwd", "emb_bwd"):
-        for op in t[name]:
-            op.duration = price(op)
-    return t
-
-
 def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk, final: bool,
                      price: Callable[[Op], float], comm_time: CommTime,
                      templates: dict | None = None) -> MicrobatchGraph:
@@ -365,7 +340,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     offload = resolve_offload(plan)
     t = templates if templates is not None else {}
     if not t:
-        t.update(_priced_templates(local, plan, split, price))
+        t.update(priced_templates(local, plan, price, split))
     fwd, bwd, cache_bytes, saved_per_layer = t["fwd"], t["bwd"], t["cache_bytes"], t["saved_per_layer"]
     # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
     # weights are gathered per layer and their copies go with the gathered buffer

@@ -255,23 +255,40 @@ def _fused_optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> l
     return ops
 
 
+def priced_templates(model: ModelSpec, plan: Plan, price: Callable[[Op], float],
+                     split: LayerSplit = LayerSplit()) -> dict:
+    """A layer's forward and backward (with torch's save_on_cpu when the plan asks for it), the
+    loss and the embedding, as op templates with their durations: the same for every layer,
+    micro-batch and chunk of a plan (builders copy an op with own() before changing it).
+    Also the layer's autocast weight-copy bytes ("cache_bytes") and saved bytes ("saved_per_layer")."""
+    offload = resolve_offload(plan)
+    fwd, bwd, cache_bytes, saved_per_layer = _layer_templates(model, plan, split)
+    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
+        fwd, bwd = sync_activation_offload(fwd, bwd, model, plan, saved_per_layer)  # torch's save_on_cpu
+    t = {"fwd": fwd, "bwd": bwd, "cache_bytes": cache_bytes, "saved_per_layer": saved_per_layer}
+    t["loss_fwd"], t["loss_bwd"] = _loss_ops(model, plan)
+    t["emb_fwd"], t["emb_bwd"] = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
+    for name in ("fwd", "bwd", "loss_fwd", "loss_bwd", "emb_fwd", "emb_bwd"):
+        for op in t[name]:
+            op.duration = price(op)
+    return t
+
+
 def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> OpGraph:
     """All ops of one optimizer step (every micro-batch of gradient accumulation) on one GPU.
 
     `price` gives an op's duration; it is called once per template op, not per
     replicated layer.
     """
-    fwd, bwd, cache_bytes, saved = _layer_templates(model, plan)
+    t = priced_templates(model, plan, price)
+    fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd = (t[k] for k in ("fwd", "bwd", "loss_fwd", "loss_bwd",
+                                                                     "emb_fwd", "emb_bwd"))
+    cache_bytes, saved = t["cache_bytes"], t["saved_per_layer"]
     offload = resolve_offload(plan)
-    if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
-        fwd, bwd = sync_activation_offload(fwd, bwd, model, plan, saved)  # torch's save_on_cpu
-    loss_fwd, loss_bwd = _loss_ops(model, plan)
-    emb_fwd, emb_bwd = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
     optimizer = [] if offload.optimizer else _optimizer_ops(model, plan, param_counts(model, plan))
     data = _input_ops(plan)
-    for template in (data, fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd, optimizer):
-        for op in template:
-            op.duration = price(op)
+    for op in data + optimizer:
+        op.duration = price(op)
     graph = OpGraph()
     L = model.num_layers
     later = {"loss_bwd": accumulating(loss_bwd), "bwd": accumulating(bwd), "emb_bwd": accumulating(emb_bwd)}
