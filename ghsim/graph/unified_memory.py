@@ -37,7 +37,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.offload import BWD, FWD, New, Rewriter, find_runs
 from ghsim.graph.ops import UM, Op, OpGraph
 from ghsim.hardware import Hardware
-from ghsim.sim.memory import TierPeak
+from ghsim.sim.memory import TierPeak, hbm_replay
 
 
 
@@ -67,21 +67,11 @@ class UnifiedMemoryUse:
         }
 
 
-def demand_during(ops: list[Op], static_total: float) -> np.ndarray:
-    """HBM bytes in use while each op runs, in issue order (as sim/memory.py replays them)."""
-    alloc = np.fromiter((o.hbm_alloc for o in ops), float, len(ops))
-    free = np.fromiter((o.hbm_free for o in ops), float, len(ops))
-    transient = np.fromiter((o.hbm_transient for o in ops), float, len(ops))
-    after = static_total + np.cumsum(alloc - free)
-    before = np.concatenate(([static_total], after[:-1]))
-    return before + alloc + transient
-
-
 def apply_unified_memory(graph: OpGraph, static: dict[str, float], hw: Hardware,
                          price: Callable[[Op], float]) -> tuple[OpGraph, UnifiedMemoryUse]:
     ops = graph.ops
     capacity = hw.hbm.capacity_bytes
-    demand = demand_during(ops, sum(static.values()))
+    _, demand, _ = hbm_replay(ops, sum(static.values()))  # HBM in use while each op runs
     peak = float(demand.max()) if len(demand) else sum(static.values())
     is_opt = np.fromiter((o.phase == "opt" and o.resource == "gpu" for o in ops), bool, len(ops))
     cold_in_compute = static.get("optimizer_states", 0.0)

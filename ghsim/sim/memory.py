@@ -23,14 +23,20 @@ class TierPeak:
     curve: np.ndarray | None = None  # bytes held after each op, in issue order
 
 
-def hbm_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
+def hbm_replay(ops: list[Op], static_total: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """HBM in use after each op and while it runs (its allocations and workspace on top of what
+    was held before it), in issue order; and each op's workspace."""
     alloc = np.fromiter((o.hbm_alloc for o in ops), float, len(ops))
     free = np.fromiter((o.hbm_free for o in ops), float, len(ops))
     transient = np.fromiter((o.hbm_transient for o in ops), float, len(ops))
+    after = static_total + np.cumsum(alloc - free)
+    before = np.concatenate(([static_total], after[:-1]))
+    return after, before + alloc + transient, transient
+
+
+def hbm_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
     base = sum(static.values())
-    after = base + np.cumsum(alloc - free)
-    before = np.concatenate(([base], after[:-1]))
-    during = before + alloc + transient
+    after, during, transient = hbm_replay(ops, base)
     if len(ops) == 0:
         return TierPeak(base, -1, dict(static), after)
     i = int(during.argmax())
