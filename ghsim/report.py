@@ -93,6 +93,12 @@ def mfu_dtype(precision: str) -> str:
     return precision if precision in ("tf32", "fp32") else "bf16"
 
 
+# Where a compute stream's time goes: its kernels by category, copies and page migrations on it,
+# and what it waited for (a multi-GPU stage adds its pipeline bubbles).
+BREAKDOWN_KEYS = KERNEL_CATEGORIES + ("memcpy", "um_migration", "wait_cpu", "wait_transfer", "wait_host_launch",
+                                      "wait_other", "wait_kernel_gaps")
+
+
 def step_fields(model, hw, plan, model_flops_per_step: float) -> dict[str, Any]:
     """The StepReport fields that follow from the inputs alone (both simulators share them)."""
     return {
@@ -104,6 +110,7 @@ def step_fields(model, hw, plan, model_flops_per_step: float) -> dict[str, Any]:
         "host_capacity": hw.host.capacity_bytes,
         "model": model.to_dict(),
         "hardware": hw.to_dict(),
+        "plan": {**plan.to_dict(), "flags": plan.flags()},
     }
 
 
@@ -133,9 +140,7 @@ def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float,
     start, end = sched.start, sched.end
     on_gpu = np.fromiter((op.resource == "gpu" for op in ops), bool, len(ops))
     is_kernel = np.fromiter((op.category in KERNEL_CATEGORIES for op in ops), bool, len(ops))
-    breakdown = {c: 0.0 for c in KERNEL_CATEGORIES}
-    breakdown.update({"memcpy": 0.0, "um_migration": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0,
-                      "wait_host_launch": 0.0, "wait_other": 0.0})
+    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     gpu_idx = np.flatnonzero(on_gpu)
     gap = timeline.lead_gap if timeline.lead_gap is not None else np.zeros(len(ops))
     breakdown["wait_kernel_gaps"] = float(gap[gpu_idx].sum())

@@ -93,8 +93,6 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     host = per_node(host_peak(ops, host_static), host_side.node_gpus)
     problems = fit_problems(hbm, host, hw, check_hbm=um is None)
     peak_dtype = mfu_dtype(plan.precision.value)
-    plan_dict = plan.to_dict()
-    plan_dict["flags"] = plan.flags()
     notes = [f"precision semantics: {plan.framework.value}"
              + (" (frozen base weights in 16 bits, fp32 adapters under autocast)" if plan.lora_rank and
                 plan.precision.is_mixed else
@@ -113,7 +111,6 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
         host=host,
         fit_problems=tuple(problems),
         notes=tuple(notes),
-        plan=plan_dict,
         timeline=timeline if keep_timeline else None,
         extra=_host_sections(timeline, breakdown, plan, hw, um, step_time),
     )

@@ -54,7 +54,7 @@ from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
-from ghsim.report import Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
+from ghsim.report import BREAKDOWN_KEYS, Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
@@ -375,8 +375,6 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     # --- memory of each stage ------------------------------------------------------------------
     memory = step_memory(model, hw, plan, rank)
     stage_mem, hbm, host, problems = memory.stages, memory.hbm, memory.host, memory.problems
-    plan_dict = plan.to_dict()
-    plan_dict["flags"] = plan.flags()
     bubble = breakdown.get("pipeline_bubble", 0.0)
     exposed = breakdown.get("communication", 0.0)
     parallel = {
@@ -411,7 +409,6 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
         host=host,
         fit_problems=tuple(problems),
         notes=tuple(_notes(plan, layout, hw, host_side)),
-        plan=plan_dict,
         timeline=(Timeline(pipe.graph.ops, [r.name for r in pipe.resources], pipe.schedule, pipe.graph.deps,
                            pipe.graph.layer, pipe.graph.microbatch) if keep_timeline else None),
         extra={"parallel": parallel, **_offload_extra(plan, hw, runs, kind_of, rep, layout, breakdown)},
@@ -438,9 +435,7 @@ def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, ste
     breakdown, the gaps between them (pipeline bubbles, or exposed gradient reduction); and its
     kernel-busy share of the step."""
     g, sched = pipe.graph, pipe.schedule
-    out: dict[str, float] = {c: 0.0 for c in KERNEL_CATEGORIES}
-    out.update({"memcpy": 0.0, "wait_cpu": 0.0, "wait_transfer": 0.0, "wait_host_launch": 0.0,
-                "wait_other": 0.0, "wait_kernel_gaps": 0.0, "um_migration": 0.0, "pipeline_bubble": 0.0})
+    out: dict[str, float] = dict.fromkeys(BREAKDOWN_KEYS + ("pipeline_bubble",), 0.0)
     cursor, kernel = 0.0, 0.0
     for i in gpu_ops:
         s, e = sched.start[i], sched.end[i]
