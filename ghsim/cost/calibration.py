@@ -83,7 +83,6 @@ class Calibration:
     attention_bwd: dict[str, PointTable]
     framework_overhead: dict[str, tuple[float, float, float]]  # variant -> host s/kernel (fwd, bwd, opt)
     membound: dict[str, LinearFit]  # op -> fixed time and achieved bytes/s on the reference
-    hbm_copy_Bps: float  # best measured device copy (read + write) on the reference
     optimizer_gpu: dict[str, LinearFit]  # impl -> params/s on the reference
     optimizer_cpu_params_per_s: float  # measured on the reference host (its cores)
     optimizer_cpu_threads: int
@@ -179,7 +178,6 @@ def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) 
                 a.append(r["bytes_moved"])
                 t.append(r["time_s"])
         membound = {op: fit_linear(a, t, f"{where} memory_bound/{op}") for op, (a, t) in membound_rows.items()}
-        copies = [r for r in d["memory_bound"] if r["op"] == "copy"]
         opt_rows: dict[str, tuple[list[float], list[float]]] = {}
         for r in d["optimizer_gpu"]:
             a, t = opt_rows.setdefault(r["impl"], ([], []))
@@ -199,7 +197,6 @@ def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) 
             attention_bwd=_attention_tables(d["attention"], peaks, "bwd"),
             framework_overhead=_framework_overhead(d),
             membound=membound,
-            hbm_copy_Bps=max(r["gbps"] for r in copies) * 1e9,
             optimizer_gpu={k: fit_linear(a, t, f"{where} optimizer_gpu/{k}") for k, (a, t) in opt_rows.items()},
             optimizer_cpu_params_per_s=best_cpu["params_per_s"] if best_cpu else 0.0,
             optimizer_cpu_threads=int(best_cpu["threads"]) if best_cpu else 0,

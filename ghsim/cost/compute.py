@@ -57,8 +57,8 @@ class LaunchCosts:
         return "bf16-amp"
 
     @classmethod
-    def of(cls, hw: Hardware, cal: Calibration, plan: Plan | None) -> "LaunchCosts":
-        measured = cal.framework_overhead.get(cls.variant(plan)) if plan is not None else None
+    def of(cls, hw: Hardware, cal: Calibration, plan: Plan) -> "LaunchCosts":
+        measured = cal.framework_overhead.get(cls.variant(plan))
         if measured is None:  # no framework measurement: the profile's bare launch cost
             return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
         return cls(*measured)
