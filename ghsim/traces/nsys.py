@@ -9,7 +9,9 @@ and enum values through the ENUM_* tables when the file carries them.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -190,7 +192,7 @@ def _read_memsets(db: _Db) -> pd.DataFrame:
     return ev.make_memsets(nbytes, start, np.maximum(end - start, 0), device, stream)
 
 
-def _read_um_faults(db: _Db) -> pd.DataFrame:
+def _read_um_faults(db: _Db, um_rows: Callable[[], tuple[np.ndarray, ...]]) -> pd.DataFrame:
     parts = []
     table = UM_CPU_FAULT_TABLE
     if table in db.tables and "start" in db.columns(table):
@@ -204,7 +206,7 @@ def _read_um_faults(db: _Db) -> pd.DataFrame:
             _or(db.pick(table, "numberOfPageFaults"), 1)])
         parts.append(ev.make_um_faults(["gpu"] * len(start), start, np.maximum(end - start, 0), device, faults))
     if not any(len(p) for p in parts) and _has_um_counters(db):
-        kind, start, end, value, device = _um_counter_rows(db)
+        kind, start, end, value, device = um_rows()
         for side, code in (("cpu", UM_COUNTER_CPU_FAULTS), ("gpu", UM_COUNTER_GPU_FAULTS)):
             sel = kind == code
             parts.append(ev.make_um_faults([side] * int(sel.sum()), start[sel], np.maximum(end - start, 0)[sel],
@@ -232,10 +234,8 @@ def _um_counter_rows(db: _Db) -> tuple[np.ndarray, ...]:
     return kind, start, end, value, np.maximum(device, 0)
 
 
-def _read_um_counter_copies(db: _Db) -> pd.DataFrame:
-    if not _has_um_counters(db):
-        return ev.make_memcpys([], [], [], [], [], [])
-    kind, start, end, value, device = _um_counter_rows(db)
+def _read_um_counter_copies(um_rows: Callable[[], tuple[np.ndarray, ...]]) -> pd.DataFrame:
+    kind, start, end, value, device = um_rows()
     sel = np.isin(kind, list(UM_COUNTER_TRANSFERS))
     kinds = [UM_COUNTER_TRANSFERS[int(k)] for k in kind[sel]]
     return ev.make_memcpys(kinds, value[sel], start[sel], (end - start)[sel], device[sel],
@@ -306,8 +306,9 @@ def _load(db: _Db) -> ev.TraceData:
                          f"and no memcpy/memset tables; was the profile taken with --trace=cuda?")
     kernels = _read_kernels(db, kernel_table) if kernel_table else ev.make_kernels([], [], [], [], [])
     memcpys = _read_memcpys(db)
+    um_rows = functools.cache(lambda: _um_counter_rows(db))  # read once, if at all
     if not memcpys["kind"].isin(ev.UM_DIRECTIONS).any() and _has_um_counters(db):
-        memcpys = pd.concat([memcpys, _read_um_counter_copies(db)], ignore_index=True)
+        memcpys = pd.concat([memcpys, _read_um_counter_copies(um_rows)], ignore_index=True)
         memcpys = memcpys.sort_values("start_ns", kind="stable").reset_index(drop=True)
     memsets = _read_memsets(db)
     if kernels.empty and memcpys.empty and memsets.empty:
@@ -316,6 +317,6 @@ def _load(db: _Db) -> ev.TraceData:
     return ev.TraceData(
         source=str(db.path), format="nsys-sqlite",
         kernels=kernels, memcpys=memcpys, memsets=memsets,
-        um_faults=_read_um_faults(db), nvtx=nvtx, steps=ev.steps_from_nvtx(nvtx),
+        um_faults=_read_um_faults(db, um_rows), nvtx=nvtx, steps=ev.steps_from_nvtx(nvtx),
         memory=ev.make_memory([], [], [], []), gpus=_read_gpus(db), meta=_read_meta(db),
     )
