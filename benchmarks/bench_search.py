@@ -19,10 +19,10 @@ from common import add_calibration_option, chosen_calibration, median_time
 from ghsim.cost.calibration import load_calibration
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
-from ghsim.plan import Framework, Plan, Recompute
+from ghsim.plan import Plan, Recompute
 from ghsim.search import memo_calibration, search
 from ghsim.search_screen import Status, evaluate
-from ghsim.search_space import default_global_batch, default_space
+from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, default_global_batch, default_space
 from ghsim.simulate import simulate
 
 CASES = (  # model, hardware, gpus, budget (s)
@@ -32,8 +32,8 @@ CASES = (  # model, hardware, gpus, budget (s)
 
 
 def base_plan(gpus: int) -> Plan:
-    return Plan(gpus=gpus, global_batch=default_global_batch(gpus), framework=Framework.DEEPSPEED,
-                optimizer_impl="fused")
+    return Plan(gpus=gpus, global_batch=default_global_batch(gpus), framework=DEFAULT_FRAMEWORK,
+                optimizer_impl=DEFAULT_OPTIMIZER)
 
 
 def main() -> None:

@@ -12,13 +12,13 @@ import click
 
 from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
-from ghsim.search_space import SEARCHED
+from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, SEARCHED
+
+PRECISIONS_OPTION = ",".join(p.value for p in DEFAULT_PRECISIONS)
 from ghsim.tomlio import write_text
 
 # plan fields the search varies: an explicit flag pins them
 _PINNABLE = SEARCHED
-PLAN_FRAMEWORK = "deepspeed"  # ZeRO and offload plans are DeepSpeed's; --framework changes it
-PLAN_OPTIMIZER = "fused"
 
 
 class ProgressBar:
@@ -59,7 +59,7 @@ def _calibration(path: str | None):
 def base_and_pins(kw: dict[str, Any]):
     """The given plan fields (gpus, seq, batch, LoRA, software), the pinned search dimensions,
     and the user's own plan when a plan.toml or ds_config.json was given."""
-    from ghsim.plan import Framework, check_values, plan_from_dict
+    from ghsim.plan import check_values, plan_from_dict
     from ghsim.search_space import default_global_batch
 
     baseline = None
@@ -71,9 +71,9 @@ def base_and_pins(kw: dict[str, Any]):
                   for flag, f in _FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}
         given = plan_from_dict(fields, "plan")
         if kw.get("framework") is None:
-            given = given.with_(framework=Framework(PLAN_FRAMEWORK))
+            given = given.with_(framework=DEFAULT_FRAMEWORK)
         if kw.get("optimizer_impl") is None:
-            given = given.with_(optimizer_impl=PLAN_OPTIMIZER)
+            given = given.with_(optimizer_impl=DEFAULT_OPTIMIZER)
     if kw.get("global_batch") is None and (baseline is None or not baseline.global_batch):
         given = given.with_(global_batch=default_global_batch(given.gpus))
     pins: dict[str, Any] = {}
@@ -95,7 +95,7 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--price", type=float, default=None, help="Dollars per GPU-hour (default: the profile's).")
 @click.option("--top", type=int, default=5, show_default=True, help="Plans to list.")
 @click.option("--jobs", type=int, default=None, help="Worker processes (default: every core).")
-@click.option("--precisions", default="bf16,fp8", show_default=True,
+@click.option("--precisions", default=PRECISIONS_OPTION, show_default=True,
               help="Precisions to search (--precision pins one).")
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
               help="Microbenchmark/calibration JSON to price ops with (default: the profile's set).")
@@ -201,7 +201,7 @@ def _csv(value: str, what: str) -> list[str]:
 @click.option("--global-batch", type=int, default=0, help="Sequences per step (default: max(32, 4 x gpus)).")
 @click.option("--lora-rank", type=int, default=0)
 @click.option("--objective", default="time", show_default=True, help="time | cost | memory")
-@click.option("--precisions", default="bf16,fp8", show_default=True)
+@click.option("--precisions", default=PRECISIONS_OPTION, show_default=True)
 @click.option("--pin", "pins", default="", help="Plan dimensions fixed in every search, e.g. recompute=full,zero=3.")
 @click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786): run the searches there.")
 @click.option("--jobs", type=int, default=None, help="Local worker processes without --scheduler (default: every core).")

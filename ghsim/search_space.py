@@ -38,6 +38,9 @@ OFFLOAD_SETS = (
 )
 OFFLOAD_RATIOS = (1.0, 0.5)  # share of the optimizer on the CPU (ZeRO-Offload++ / SuperOffload)
 DEFAULT_PRECISIONS = (Precision.BF16, Precision.FP8)  # fp16 prices as bf16; fp32/tf32 only lose
+# the software a searched plan assumes unless told otherwise: ZeRO and offload plans are DeepSpeed's
+DEFAULT_FRAMEWORK = Framework.DEEPSPEED
+DEFAULT_OPTIMIZER = "fused"
 MAX_MICRO_BATCH = 64
 AUTO_RESOLVES_TO = ("sync", "overlapped")  # ghsim.graph.offload.resolve: by framework
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ghsim.errors import GhsimError
+from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS
 
 COLUMNS = ("model", "hardware", "gpus", "status", "step_time_s", "tokens_per_s", "mfu", "gpu_utilization",
            "hbm_peak_gb", "host_peak_gb", "usd_per_mtok", "flags", "n_evaluated", "n_feasible", "elapsed_s", "error")
@@ -30,8 +31,8 @@ class SweepTask:
     global_batch: int = 0  # 0: the plan search's default for this many GPUs
     lora_rank: int = 0
     objective: str = "time"
-    precisions: tuple[str, ...] = ("bf16", "fp8")
-    framework: str = "deepspeed"
+    precisions: tuple[str, ...] = tuple(p.value for p in DEFAULT_PRECISIONS)
+    framework: str = DEFAULT_FRAMEWORK.value
     price: float | None = None
     pins: tuple[tuple[str, Any], ...] = ()  # plan dimensions fixed for every search: (field, value)
 
@@ -56,7 +57,7 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
         model, hw = load_model(task.model), load_hardware(task.hardware)
         base = Plan(gpus=task.gpus, seq=task.seq, lora_rank=task.lora_rank,
                     global_batch=task.global_batch or default_global_batch(task.gpus),
-                    framework=Framework(task.framework), optimizer_impl="fused")
+                    framework=Framework(task.framework), optimizer_impl=DEFAULT_OPTIMIZER)
         check_values(base)
         space = default_space(model, hw, base, tuple(Precision(p) for p in task.precisions))
         if task.pins:
