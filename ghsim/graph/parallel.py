@@ -376,7 +376,8 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     Tn = T // layout.tp if sp else T
     x_bytes = Tn * h * dt.residual  # a chunk's input and output (the residual stream)
     g_bytes = Tn * h * (4 if dt.autocast_casts else dt.residual)  # and their gradients
-    all_grads = _grad_bytes(bwd) * L + _grad_bytes(emb_bwd) + _grad_bytes(loss_bwd)
+    emb_grads, loss_grads = _grad_bytes(emb_bwd), _grad_bytes(loss_bwd)
+    all_grads = layer_grads * L + emb_grads + loss_grads
     lazy_shards = zero >= 2 and not persistent_grad_shards(plan, dp)
     earlier = final and plan.grad_accum > 1  # memory replay: earlier micro-batches left gradients behind
     fresh_grads = not earlier or zero >= 2 or per_microbatch
@@ -395,9 +396,10 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     gathers: dict[int, int] = {}
     gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
 
+    gather_s = comm_time(gather_kind, cp.layer_bytes, "dp", 1) if zero == 3 else 0.0  # every layer's alike
+
     def zero3_gather(layer: int, after: int | None, phase: str) -> None:
-        op = _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes,
-                   comm_time(gather_kind, cp.layer_bytes, "dp", 1), phase,
+        op = _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, gather_s, phase,
                    deps=(after,) if after is not None and after >= 0 else ())
         op.change_hbm("gathered_params", cp.layer_bytes)
         gathers[layer] = gathered[(phase, layer)] = rg.g.add(op)
@@ -443,13 +445,13 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
                       T * h * (4 if dt.autocast_casts else dt.act), "bwd")
     sources: list[GradSource] = []  # where gradients are ready to leave for the host, in backward order
     if loss_bwd and dp == 1:
-        sources.append(GradSource(loss_last, cp.head_trainable, _grad_bytes(loss_bwd), ("loss",), -1, 0, accumulate))
+        sources.append(GradSource(loss_last, cp.head_trainable, loss_grads, ("loss",), -1, 0, accumulate))
     # the LM head's gradients come first in backward and go in the first bucket (DDP and DeepSpeed
     # fill buckets as gradients become ready); FSDP reduces them with its root unit, after the rest
     head_first = plan.framework != Framework.FSDP_MIXED
     pending_grads, pending_params = 0.0, 0.0
     if loss_bwd and reducing and head_first:
-        pending_grads, pending_params = _grad_bytes(loss_bwd), cp.head_trainable
+        pending_grads, pending_params = loss_grads, cp.head_trainable
     last_dp = -1
 
     def reduce_grads(nbytes: float, params: float, after: int, phase: str) -> None:
@@ -489,15 +491,15 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
             tp_collective("embedding.all_gather.bwd", ALL_GATHER, tp_bytes, "bwd")
         rg.extend(acc(emb_bwd))
         if dp == 1:
-            sources.append(GradSource(rg.last, cp.embedding_trainable, _grad_bytes(emb_bwd), ("embedding",), -1, 0,
+            sources.append(GradSource(rg.last, cp.embedding_trainable, emb_grads, ("embedding",), -1, 0,
                                       accumulate))
         if reducing:
-            pending_grads += _grad_bytes(emb_bwd)
+            pending_grads += emb_grads
             pending_params += cp.embedding_trainable
     else:
         rg.g.add(_marker("grad.sent", "bwd").change_hbm("activation_grads", -g_bytes))
     if loss_bwd and reducing and not head_first:
-        pending_grads += _grad_bytes(loss_bwd)
+        pending_grads += loss_grads
         pending_params += cp.head_trainable
     bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == "gpu")
     tail_first = len(rg.g)
@@ -508,10 +510,11 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
 
     # --- optimizer ---------------------------------------------------------------------
     opt_last = -1
+    # the chunk's share of the model's parameter tensors (the optimizer's per-tensor launches)
+    n_tensors = max(1, round(param_counts(local, plan).n_tensors * max(L, 1) / local.num_layers))
     if final and not offload.optimizer:
         shard = dp if zero >= 1 else 1
-        counts = ParamCounts(cp.params, cp.trainable / shard, max(1, round(param_counts(local, plan).n_tensors
-                                                                       * max(L, 1) / local.num_layers)))
+        counts = ParamCounts(cp.params, cp.trainable / shard, n_tensors)
         opt = _optimizer_ops(local, plan, counts)
         for op in opt:
             op.duration = price(op)
@@ -521,7 +524,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     g = rg.g
     if offload.any:
         facts = StepFacts(trainable=cp.trainable,
-                          n_tensors=max(1, round(param_counts(local, plan).n_tensors * max(L, 1) / local.num_layers)),
+                          n_tensors=n_tensors,
                           saved_per_layer=offload_saved_bytes(plan, saved_per_layer, x_bytes),
                           gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
         hooks = RankHooks(tuple(sources) if final or per_microbatch else (), gathered, final, bool(loss_bwd))
