@@ -44,11 +44,6 @@ LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cu
                 "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel")
 
 
-def sync():
-    if mb.CUDA:
-        torch.cuda.synchronize()
-
-
 # ----------------------------------------------------------------------------- framework overhead
 def overhead_variants(tiny):
     base = dict(hidden_size=128, intermediate_size=256, num_layers=4, num_attention_heads=4, num_kv_heads=2,
@@ -110,7 +105,7 @@ def run_overhead(res, sec, tiny):
         lab = torch.randint(0, cfg.vocab_size, (1, 128), device=mb.DEV)
         autocast = prec in ("bf16", "fp8")
 
-        def phases(timer=None):
+        def phases():
             opt.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
             with record_function("fwd"):
@@ -130,17 +125,16 @@ def run_overhead(res, sec, tiny):
 
         for _ in range(5):
             phases()
-        sync()
+        mb.sync()
         samples = []
         for _ in range(15):
-            sync()
+            mb.sync()
             samples.append(phases())
-        sync()
+        mb.sync()
         # the GPU must not have been the bottleneck: compare with device time of one step
-        e0, e1 = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if mb.CUDA else (None, None)
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if mb.CUDA else [])) as prof:
             phases()
-            sync()
+            mb.sync()
         counts = count_launches(prof, ("fwd", "bwd", "opt"))
         med = [statistics.median(s[i] for s in samples) for i in range(3)]
         row = {"variant": name, "precision": prec, **{f"{p}_host_s": v for p, v in zip(("fwd", "bwd", "opt"), med)},
