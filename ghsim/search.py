@@ -221,7 +221,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
         seeds.setdefault((p.precision, p.tp, p.pp, p.zero, p.offload), j)
     for j in seeds.values():
         prio[j] = (0, keys[j])
-    no_fit = _NoFit()
+    no_fit = _NoFit(runner.hw)
     wave = max(8, runner.jobs * 4)
     out: list[Evaluation] = []
     best: list[float] = []  # values of the feasible plans screened so far, ascending
@@ -266,7 +266,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
                 set_aside(j, Status.BOUNDED, f"needs at least {bound(j) * scale:.3g} {unit} of {what} "
                                              f"> {bar * scale:.3g} {unit} of the top {top}")
             elif bigger:
-                set_aside(j, Status.NO_FIT, f"needs at least the memory of {bigger}, which does not fit")
+                set_aside(j, Status.NO_FIT, f"needs at least the {bigger}, which does not fit")
             else:
                 batch.append(j)
         if not batch:
@@ -277,7 +277,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
         out += evs
         for e in evs:
             if e.status == Status.NO_FIT:
-                no_fit.add(e.plan)
+                no_fit.add(e)
             elif e.feasible:
                 for q in _neighbours(e.plan, index, tables):
                     if q in pending:
@@ -402,16 +402,20 @@ def _recompute_rank(rc: Recompute) -> int:
 
 
 class _NoFit:
-    """Plans that do not fit, so that plans needing at least as much memory are not simulated.
+    """Plans that do not fit, so that plans needing at least as much of the same memory are
+    not simulated.
 
     "At least as much" is the physical partial order every memory model here follows
-    (tests/test_search.py checks it on the simulator): a larger micro-batch, less
-    recompute, less ZeRO sharding, a subset of the offloaded state, a smaller offload
-    ratio; CUDA graphs on or off change no memory. All other choices must be equal.
+    (tests/test_search.py checks it on the simulator). HBM: a larger micro-batch, less
+    recompute, less ZeRO sharding, a subset of the offloaded state, a smaller offload ratio.
+    Host memory: a larger micro-batch, less recompute, less ZeRO sharding, a superset of
+    the offloaded state, a larger offload ratio. CUDA graphs change no memory. All other
+    choices must be equal.
     """
 
-    def __init__(self) -> None:
-        self.failed: dict[Plan, list[tuple]] = {}
+    def __init__(self, hw: Hardware) -> None:
+        self.capacity = {"HBM": hw.hbm.capacity_bytes, "host": hw.host.capacity_bytes}
+        self.failed: dict[str, dict[Plan, list[tuple]]] = {"HBM": {}, "host": {}}
 
     @staticmethod
     def _key(p: Plan) -> Plan:
@@ -420,21 +424,27 @@ class _NoFit:
 
     @staticmethod
     def _coords(p: Plan) -> tuple:
-        return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, p.offload, -p.offload_ratio)
+        return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, p.offload, p.offload_ratio)
 
-    def add(self, p: Plan) -> None:
-        self.failed.setdefault(self._key(p), []).append(self._coords(p))
+    def add(self, e: Evaluation) -> None:
+        """Record the tiers `e` overflows (under unified memory the HBM cannot: pages spill)."""
+        peaks = {"HBM": math.nan if e.plan.unified_memory else e.hbm_peak_bytes, "host": e.host_peak_bytes}
+        for tier, peak in peaks.items():
+            if peak > self.capacity[tier]:
+                self.failed[tier].setdefault(self._key(e.plan), []).append(self._coords(e.plan))
 
     def dominates(self, p: Plan) -> str:
         mb, rc, z, off, r = self._coords(p)
-        for fmb, frc, fz, foff, fr in self.failed.get(self._key(p), ()):
-            if mb >= fmb and rc >= frc and z >= fz and off <= foff and r >= fr:
-                what = [f"micro-batch {fmb}", [k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0] + " recompute"]
-                if -fz:
-                    what.append(f"ZeRO-{-fz}")
-                if foff:
-                    what.append("offload " + ",".join(sorted(foff)) + (f" ratio {-fr:g}" if -fr != 1 else ""))
-                return ", ".join(what)
+        for tier, failed in self.failed.items():
+            for fmb, frc, fz, foff, fr in failed.get(self._key(p), ()):
+                offloads = off <= foff and r <= fr if tier == "HBM" else off >= foff and r >= fr
+                if mb >= fmb and rc >= frc and z >= fz and offloads:
+                    what = [f"micro-batch {fmb}", [k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0] + " recompute"]
+                    if -fz:
+                        what.append(f"ZeRO-{-fz}")
+                    if foff:
+                        what.append("offload " + ",".join(sorted(foff)) + (f" ratio {fr:g}" if fr != 1 else ""))
+                    return f"{tier} memory of " + ", ".join(what)
         return ""
 
 

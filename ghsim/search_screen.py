@@ -31,7 +31,7 @@ from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report import StepReport
 from ghsim.simulate import check_fit_to_model, model_flops, simulate
-from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory
+from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory, step_time_floor
 
 
 
@@ -87,7 +87,7 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
     """
     try:
         if plan.gpus > 1:  # simulated whole at every level (see _points)
-            return _parallel(model, hw, plan, cal, est)
+            return _parallel(model, hw, plan, cal, est, bar)
         if level == "exact":
             return from_report(plan, simulate(model, hw, plan, cal, keep_timeline=False), est)
         if level == "confirm" or plan.unified_memory:
@@ -98,14 +98,22 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
         return Evaluation(plan, Status.REJECTED, str(e), est.hbm_bytes if est else math.nan)
 
 
-def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: MemoryEstimate | None) -> Evaluation:
-    """Several GPUs: the memory replay needs only the micro-batch graphs, so it comes first;
-    a plan that does not fit is not timed (its graphs are reused when it is)."""
+def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: MemoryEstimate | None,
+              bar: float = math.inf) -> Evaluation:
+    """Several GPUs. With a `bar`, one micro-batch in the middle of the step bounds it first
+    (step_time_floor): a plan that cannot beat the bar stops there. Then memory, which needs
+    only the micro-batch graphs: a plan that does not fit is not timed. What is built on the
+    way is reused by the simulation."""
     check_fit_to_model(model, hw, plan)
     rank = prepare(model, hw, plan, cal)
+    est_bytes = est.hbm_bytes if est else math.nan
+    if bar < math.inf:
+        floor = step_time_floor(model, hw, plan, rank)
+        if floor > bar:
+            return Evaluation(plan, Status.BOUNDED, f"needs at least {floor:.3g} s per step > {bar:.3g} s", est_bytes)
     memory = step_memory(model, hw, plan, rank)
     if memory.problems:
-        return Evaluation(plan, Status.NO_FIT, "; ".join(memory.problems), est.hbm_bytes if est else math.nan,
+        return Evaluation(plan, Status.NO_FIT, "; ".join(memory.problems), est_bytes,
                           hbm_peak_bytes=memory.hbm.peak_bytes, host_peak_bytes=memory.host.peak_bytes, exact=True)
     return from_report(plan, simulate_parallel(model, hw, plan, cal, keep_timeline=False, rank=rank), est)
 

@@ -262,27 +262,59 @@ def chunk_graph(model: ModelSpec, plan: Plan, rank: RankPricing, layers: int, ki
     return rank.built[key]
 
 
+def chunk_run(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int, kind: tuple[bool, bool],
+              final: bool) -> MicrobatchRun:
+    """chunk_graph() at kernel level (run once per plan)."""
+    key = ("run", layers, kind, final)
+    if key not in rank.built:
+        rank.built[key] = run_microbatch(chunk_graph(model, plan, rank, layers, kind, final), hw, rank.cost, plan)
+    return rank.built[key]
+
+
 def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int) -> Runs:
     """Each kind of chunk, `layers` decoder layers long, at kernel level: the step's last
     micro-batch and (with gradient accumulation) one in the middle of the step."""
     runs: Runs = {}
     for kind in set(chunk_kinds(rank.layout)):
-        def run(final: bool) -> MicrobatchRun:
-            return run_microbatch(chunk_graph(model, plan, rank, layers, kind, final), hw, rank.cost, plan)
-        final = run(True)
-        runs[kind] = (final, run(False) if plan.grad_accum > 1 else final)
+        final = chunk_run(model, hw, plan, rank, layers, kind, True)
+        runs[kind] = (final, chunk_run(model, hw, plan, rank, layers, kind, False) if plan.grad_accum > 1 else final)
     return runs
+
+
+def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> float:
+    """A lower bound on the step time from the micro-batches in the middle of the step (0 without
+    gradient accumulation): the pipeline schedule of the step with its last micro-batch and its
+    optimizer taking no time. Schedules never end sooner when an op takes longer (every op
+    starts at the latest of the ends it waits for), so the step takes at least this long.
+    The runs are kept for simulate_parallel."""
+    M = plan.grad_accum
+    if M < 2:
+        return 0.0
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+    per_chunk = model.num_layers // layout.chunks
+    middle = {kind: chunk_run(model, hw, plan, rank, per_chunk, kind, False) for kind in set(kind_of)}
+    send_s = _send_time(model, plan, rank)
+    chunks = [replace(chunk_times(middle[k], middle[k], send_s), final_fwd_s=0.0, final_bwd_s=0.0, final_comm_s=0.0)
+              for k in kind_of]
+    tails = [StageTail(0.0, 0.0)] * layout.pp
+    return schedule_pipeline(layout.pp, layout.interleave, M, chunks, tails).schedule.makespan
+
+
+def _send_time(model: ModelSpec, plan: Plan, rank: RankPricing) -> float:
+    """Activations (forward) or their gradients (backward) to the next pipeline stage; with
+    tp > 1 each tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)."""
+    if rank.layout.pp == 1:
+        return 0.0
+    act = 2 if plan.precision.is_mixed else 4
+    send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / rank.layout.tp
+    return rank.comm_time("send", send_bytes, "pp", 1)
 
 
 def pipeline_inputs(model: ModelSpec, plan: Plan, rank: RankPricing, runs: Runs
                     ) -> tuple[list[ChunkTimes], list[StageTail]]:
     """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
-    # activations (forward) and their gradients (backward) between stages; with tp > 1 each
-    # tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)
-    act = 2 if plan.precision.is_mixed else 4
-    send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / layout.tp
-    send_s = rank.comm_time("send", send_bytes, "pp", 1) if layout.pp > 1 else 0.0
+    send_s = _send_time(model, plan, rank)
     chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
     tails = []
     for d in range(layout.pp):
@@ -316,8 +348,8 @@ class StepMemory:
         return replace(self.stages[self.worst][0], curve=None)
 
     @property
-    def host(self) -> TierPeak:
-        return replace(self.stages[self.worst][1], curve=None)
+    def host(self) -> TierPeak:  # the stage whose GPUs leave the most on the host (it may not be `worst`)
+        return replace(max((host for _, host in self.stages), key=lambda h: h.peak_bytes), curve=None)
 
 
 def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> StepMemory:
@@ -334,9 +366,9 @@ def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) 
     stages = [_stage_memory(model, plan, layout, d, finals, kind_of, per_chunk, rank.host_side.node_gpus)
               for d in range(layout.pp)]
     worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
-    hbm, host = stages[worst]
-    problems = fit_problems(hbm, host, hw, f" on pipeline stage {worst}" if layout.pp > 1 else "")
-    return StepMemory(stages, worst, problems)
+    memory = StepMemory(stages, worst, ())
+    where = f" on pipeline stage {worst}" if layout.pp > 1 else ""
+    return replace(memory, problems=fit_problems(memory.hbm, memory.host, hw, where))
 
 
 def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,

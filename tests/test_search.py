@@ -18,7 +18,7 @@ from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
 from ghsim.search import Objective, memo_calibration, search
-from ghsim.search_screen import Status
+from ghsim.search_screen import Evaluation, Status
 from ghsim.search_space import default_space, groups, pin, searched_fields_cover_plan
 from ghsim.simulate import simulate
 
@@ -158,6 +158,40 @@ def test_memory_order_the_search_relies_on(cal, smaller, bigger):
     a = simulate(SMALL, H100, base.with_(**smaller), cal, keep_timeline=False)
     b = simulate(SMALL, H100, base.with_(**bigger), cal, keep_timeline=False)
     assert a.hbm.peak_bytes <= b.hbm.peak_bytes * 1.001
+
+
+OFFLOADED = frozenset({"optimizer", "grads", "activations"})
+
+
+@pytest.mark.parametrize("smaller,bigger", [
+    ({"zero": 3}, {"zero": 1}),
+    ({"offload": frozenset({"optimizer", "grads"})}, {"offload": OFFLOADED}),
+    ({"offload": frozenset({"optimizer", "grads"}), "offload_ratio": 0.5},
+     {"offload": frozenset({"optimizer", "grads"}), "offload_ratio": 1.0}),
+    ({"micro_batch": 1, "recompute": Recompute.FULL}, {"micro_batch": 2, "recompute": Recompute.NONE}),
+])
+def test_host_memory_order_the_search_relies_on(cal, smaller, bigger):
+    """Host memory grows the other way with what is offloaded: a plan that overflows the host
+    rules out those offloading more (search._NoFit), not those offloading less."""
+    base = Plan(gpus=4, pp=2, seq=1024, global_batch=8, framework=Framework.DEEPSPEED, optimizer_impl="fused",
+                zero=2, offload=OFFLOADED)
+    a = simulate(SMALL, H100, base.with_(**smaller), cal, keep_timeline=False)
+    b = simulate(SMALL, H100, base.with_(**bigger), cal, keep_timeline=False)
+    assert a.host.peak_bytes <= b.host.peak_bytes * 1.001
+
+
+def test_a_host_overflow_does_not_rule_out_offloading_less(cal):
+    from ghsim.search import _NoFit
+
+    hw = H100
+    no_fit = _NoFit(hw)
+    plan = Plan(gpus=4, zero=2, offload=OFFLOADED | {"params"})
+    no_fit.add(Evaluation(plan, Status.NO_FIT, hbm_peak_bytes=1e9, host_peak_bytes=2 * hw.host.capacity_bytes))
+    assert no_fit.dominates(plan.with_(micro_batch=2)).startswith("host memory of micro-batch 1")
+    assert not no_fit.dominates(plan.with_(offload=OFFLOADED))  # less on the host: may fit
+    assert not no_fit.dominates(plan.with_(zero=3))
+    no_fit.add(Evaluation(plan, Status.NO_FIT, hbm_peak_bytes=2 * hw.hbm.capacity_bytes, host_peak_bytes=1e9))
+    assert no_fit.dominates(plan.with_(offload=OFFLOADED)).startswith("HBM memory of")
 
 
 def test_cuda_graphs_never_slow_a_plan_or_change_its_memory(cal):
