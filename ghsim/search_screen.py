@@ -108,7 +108,7 @@ def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est:
     rank = prepare(model, hw, plan, cal)
     est_bytes = est.hbm_bytes if est else math.nan
     if bar < math.inf:
-        floor = step_time_floor(model, hw, plan, rank)
+        floor = step_time_floor(model, hw, plan, rank, bar)
         if floor > bar:
             return Evaluation(plan, Status.BOUNDED, f"needs at least {floor:.3g} s per step > {bar:.3g} s", est_bytes)
     memory = step_memory(model, hw, plan, rank)

@@ -26,6 +26,7 @@ per node: every GPU of the node holds its own offloaded states.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -281,18 +282,30 @@ def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, la
     return runs
 
 
-def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> float:
+def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, bar: float = math.inf) -> float:
     """A lower bound on the step time from the micro-batches in the middle of the step (0 without
     gradient accumulation): the pipeline schedule of the step with its last micro-batch and its
     optimizer taking no time. Schedules never end sooner when an op takes longer (every op
     starts at the latest of the ends it waits for), so the step takes at least this long.
-    The runs are kept for simulate_parallel."""
+
+    The kinds of chunk are run one at a time, the commonest first; until all are, a stage's
+    compute stream running its known chunks' micro-batches one after another bounds the step,
+    and one over `bar` ends the search for a better bound. The runs are kept for simulate_parallel."""
     M = plan.grad_accum
     if M < 2:
         return 0.0
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
     per_chunk = model.num_layers // layout.chunks
-    middle = {kind: chunk_run(model, hw, plan, rank, per_chunk, kind, False) for kind in set(kind_of)}
+    kinds = sorted(set(kind_of), key=kind_of.count, reverse=True)
+    busy = [0.0] * layout.pp  # each stage's known compute-stream seconds
+    middle = {}
+    for kind in kinds:
+        middle[kind] = run = chunk_run(model, hw, plan, rank, per_chunk, kind, False)
+        for j, k in enumerate(kind_of):
+            if k == kind:
+                busy[j % layout.pp] += (M - 1) * run.times["t_bwd"]
+        if max(busy) > bar:
+            return max(busy)
     send_s = _send_time(model, plan, rank)
     chunks = [replace(chunk_times(middle[k], middle[k], send_s), final_fwd_s=0.0, final_bwd_s=0.0, final_comm_s=0.0)
               for k in kind_of]
