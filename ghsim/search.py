@@ -407,10 +407,11 @@ class _NoFit:
 
     "At least as much" is the physical partial order every memory model here follows
     (tests/test_search.py checks it on the simulator). HBM: a larger micro-batch, less
-    recompute, less ZeRO sharding, a subset of the offloaded state, a smaller offload ratio.
-    Host memory: a larger micro-batch, less recompute, less ZeRO sharding, a superset of
-    the offloaded state, a larger offload ratio. CUDA graphs change no memory. All other
-    choices must be equal.
+    recompute, a subset of the offloaded state, a smaller offload ratio. Host memory: a
+    larger micro-batch, less recompute, a superset of the offloaded state, a larger offload
+    ratio. CUDA graphs change no memory. All other choices must be equal, the ZeRO stage
+    too: less sharding does not always hold more (ZeRO-1 adds DeepSpeed's reduce bucket,
+    and saves nothing when the optimizer state is offloaded anyway).
     """
 
     def __init__(self, hw: Hardware) -> None:
@@ -419,12 +420,12 @@ class _NoFit:
 
     @staticmethod
     def _key(p: Plan) -> Plan:
-        return p.with_(micro_batch=1, recompute=Recompute.FULL, cuda_graphs=False, zero=0, offload=frozenset(),
+        return p.with_(micro_batch=1, recompute=Recompute.FULL, cuda_graphs=False, offload=frozenset(),
                        offload_ratio=1.0)
 
     @staticmethod
     def _coords(p: Plan) -> tuple:
-        return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, p.offload, p.offload_ratio)
+        return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), p.offload, p.offload_ratio)
 
     def add(self, e: Evaluation) -> None:
         """Record the tiers `e` overflows (under unified memory the HBM cannot: pages spill)."""
@@ -434,14 +435,12 @@ class _NoFit:
                 self.failed[tier].setdefault(self._key(e.plan), []).append(self._coords(e.plan))
 
     def dominates(self, p: Plan) -> str:
-        mb, rc, z, off, r = self._coords(p)
+        mb, rc, off, r = self._coords(p)
         for tier, failed in self.failed.items():
-            for fmb, frc, fz, foff, fr in failed.get(self._key(p), ()):
+            for fmb, frc, foff, fr in failed.get(self._key(p), ()):
                 offloads = off <= foff and r <= fr if tier == "HBM" else off >= foff and r >= fr
-                if mb >= fmb and rc >= frc and z >= fz and offloads:
+                if mb >= fmb and rc >= frc and offloads:
                     what = [f"micro-batch {fmb}", [k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0] + " recompute"]
-                    if -fz:
-                        what.append(f"ZeRO-{-fz}")
                     if foff:
                         what.append("offload " + ",".join(sorted(foff)) + (f" ratio {fr:g}" if fr != 1 else ""))
                     return f"{tier} memory of " + ", ".join(what)

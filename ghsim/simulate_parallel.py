@@ -97,9 +97,10 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     g = mb.graph
     ops = g.ops
     resources = level1_resources(hw)
+    distinct = engine.distinct(ops)
     sched, lead_gap = engine.run_ops(resources, ops, g.deps, lambda o: cost.issue_cost(o, plan.cuda_graphs),
-                                     lambda o: cost.kernel_gap(o, plan.cuda_graphs))
-    cols = OpColumns.of(*engine.distinct(ops))
+                                     lambda o: cost.kernel_gap(o, plan.cuda_graphs), distinct)
+    cols = OpColumns.of(*distinct)
     end = sched.end
     idx = np.arange(len(ops))
     compute = ~cols.not_compute

@@ -20,7 +20,7 @@ from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.simulate_parallel import simulate_parallel
+from ghsim.simulate_parallel import prepare, simulate_parallel, step_time_floor
 from synthetic import synthetic_calibration
 from test_offload_properties import faster_link  # the same faster link as on one GPU
 
@@ -102,3 +102,16 @@ def test_more_gpus_behind_one_pcie_switch_never_speed_a_step(d, sharing):
     alone = simulate(TINY, hw, plan, CAL, keep_timeline=False).step_time_s
     crowded = simulate(TINY, switched, plan, CAL, keep_timeline=False).step_time_s
     assert crowded >= alone * (1 - 1e-9)
+
+
+@SETTINGS
+@given(plans, st.sampled_from(sorted(PROFILES)), st.booleans())
+def test_the_search_floor_never_exceeds_the_step(d, hw_name, interleave):
+    """step_time_floor, which lets the plan search set a plan aside, is at most its simulated step."""
+    plan, hw = make(d), PROFILES[hw_name]
+    if interleave and plan.pp > 1 and plan.grad_accum % plan.pp == 0:
+        plan = plan.with_(pp_interleave=2)
+    floor = step_time_floor(TINY, hw, plan, prepare(TINY, hw, plan, CAL))
+    step = simulate(TINY, hw, plan, CAL, keep_timeline=False).step_time_s
+    assert floor <= step * (1 + 1e-9)
+    assert (floor > 0) == (plan.grad_accum > 1)  # never vacuous when there is a middle micro-batch

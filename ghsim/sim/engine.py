@@ -132,12 +132,14 @@ def distinct(items: Sequence) -> tuple[list, np.ndarray]:
 
 
 def run_ops(resources: Sequence[Resource], ops: Sequence, deps: Sequence[tuple[int, ...]],
-            issue_cost: Callable[[Any], float], lead_gap: Callable[[Any], float]) -> tuple[Schedule, np.ndarray]:
+            issue_cost: Callable[[Any], float], lead_gap: Callable[[Any], float],
+            distinct_ops: tuple[list, np.ndarray] | None = None) -> tuple[Schedule, np.ndarray]:
     """run() for op objects (anything with .resource, .duration and .host_waits): each distinct
     op is asked its issue cost and its lead gap (idle stream before its kernels, run ahead of
-    its duration) once. Returns the schedule and the lead gap of every op."""
+    its duration) once. `distinct_ops`: distinct(ops), if the caller has it. Returns the
+    schedule and the lead gap of every op."""
     index = {r.name: k for k, r in enumerate(resources)}
-    ds, rows = distinct(ops)
+    ds, rows = distinct_ops or distinct(ops)
     gap = np.array([lead_gap(o) for o in ds], float)
     busy = np.array([o.duration for o in ds], float) + gap
 
