@@ -74,6 +74,7 @@ def run(
     slows = [[r for r, ks in enumerate(slowing) if k in ks] for k in range(len(resources))]  # whom k slows
     busy: dict[int, tuple[list[float], list[float], bool]] = {
         k: ([], [], single[k]) for k in range(len(resources)) if slows[k]}
+    busy_slowing = [[busy[k] for k in ks] for ks in slowing]  # the busy spans of whatever slows r
     slowed_until = [0.0] * len(resources)  # the last end of work on any resource slowing this one
     host = 0.0
     for i in range(n):
@@ -96,10 +97,11 @@ def run(
         e = s + duration[i]
         # (most ops start after every slowing stream has gone idle: nothing to look up)
         if slowed_until[r] > s and duration[i] > 0:
-            e = _shared_end(s, duration[i], resources[r].slowdown, [busy[k] for k in slowing[r]])
-        if slows[r]:
-            busy[r][0].append(s)
-            busy[r][1].append(e)
+            e = _shared_end(s, duration[i], resources[r].slowdown, busy_slowing[r])
+        if r in busy:
+            spans = busy[r]
+            spans[0].append(s)
+            spans[1].append(e)
             for q in slows[r]:
                 if e > slowed_until[q]:
                     slowed_until[q] = e
@@ -158,7 +160,12 @@ def _shared_end(start: float, work: float, slowdown: float,
     horizon = start + work / rate
     spans = []
     for starts, ends, single_server in busy:
-        k = bisect_right(ends, start) if single_server else 0  # one server: ends never decrease
+        if not single_server:
+            k = 0
+        elif ends and ends[-1] > start:  # one server: ends never decrease
+            k = bisect_right(ends, start)
+        else:
+            continue  # idle since before `start`
         while k < len(starts) and starts[k] < horizon:
             if ends[k] > start:
                 spans.append((max(starts[k], start), ends[k]))
