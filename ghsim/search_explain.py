@@ -135,7 +135,7 @@ def why_best(r: SearchResult, limit: int = 6) -> list[str]:
     key = r.score
     lines = [f"why #1 wins ({_metric(r, best)}):"]
     alternatives: dict[str, tuple[str, float]] = {}
-    rejected: list[tuple[str, str]] = []
+    rejected: list[tuple[str, str, float]] = []
     for dim, e, reason in neighbours(r, best.plan):
         if e is not None and e.feasible:
             what = _describe(dim, getattr(e.plan, dim))
@@ -145,10 +145,9 @@ def why_best(r: SearchResult, limit: int = 6) -> list[str]:
         else:
             if e is not None and e.status == Status.SAME:
                 continue
-            if e is None:
-                rejected.append((_describe(dim, reason[1]), f"pruned: {reason[0]}"))
-            else:
-                rejected.append((_describe(dim, getattr(e.plan, dim)), f"{e.status.value}: {e.reason}"))
+            value = reason[1] if e is None else getattr(e.plan, dim)
+            why = f"pruned: {reason[0]}" if e is None else f"{e.status.value}: {e.reason}"
+            rejected.append((_describe(dim, value), why, _distance(value, getattr(best.plan, dim))))
     for text, _ in sorted(alternatives.values(), key=lambda t: t[1])[:limit]:
         lines.append(f"  instead {text}")
     runner_up = next((e for e in r.ranked[1:] if key(e) != key(best)), None)
@@ -159,8 +158,8 @@ def why_best(r: SearchResult, limit: int = 6) -> list[str]:
         lines.append("nearest plans that lose for other reasons:")
         shown: set[str] = set()
         # per choice, a memory verdict says more than a plan the simulator cannot run yet
-        for what, why in sorted(rejected, key=lambda t: (_DIM_ORDER.get(t[0].split(" ")[0], 99),
-                                                         why_rank(t[1]))):
+        for what, why, _ in sorted(rejected, key=lambda t: (_DIM_ORDER.get(t[0].split(" ")[0], 99),
+                                                            why_rank(t[1]), t[2])):
             dim = what.split(" ")[0]
             if dim in shown:  # the nearest value of each choice says enough
                 continue
@@ -169,6 +168,12 @@ def why_best(r: SearchResult, limit: int = 6) -> list[str]:
             if len(shown) >= limit:
                 break
     return lines
+
+
+def _distance(value: Any, mine: Any) -> float:
+    """How far a numeric choice is from the best plan's (a micro-batch of 2 is nearer 1 than 8 is)."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, mine))
+    return abs(value - mine) if numbers else 0.0
 
 
 def why_rank(why: str) -> int:

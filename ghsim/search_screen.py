@@ -100,7 +100,7 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
 
 def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: MemoryEstimate | None,
               bar: float = math.inf) -> Evaluation:
-    """Several GPUs. With a `bar`, one micro-batch in the middle of the step bounds it first
+    """Several GPUs. With a `bar`, the micro-batches in the middle of the step bound it first
     (step_time_floor): a plan that cannot beat the bar stops there. Then memory, which needs
     only the micro-batch graphs: a plan that does not fit is not timed. What is built on the
     way is reused by the simulation."""

@@ -229,3 +229,17 @@ def test_plan_with_is_dataclasses_replace():
     assert p.micro_batch == 1 and q.grad_accum == dataclasses.replace(p, **changes).grad_accum
     with pytest.raises(TypeError, match="no field"):
         p.with_(micro_batches=2)
+
+
+def test_explanation_shows_the_nearest_value_that_loses():
+    """'nearest plans that lose': of micro-batches 8 and 2 that do not fit, the one next to the best's 1."""
+    from ghsim.search import SearchResult
+    from ghsim.search_explain import why_best
+
+    best = Evaluation(BASE.with_(micro_batch=1), Status.FEASIBLE, step_time_s=1.0, tokens_per_s=1.0,
+                      hbm_peak_bytes=1e9)
+    lost = [Evaluation(BASE.with_(micro_batch=m), Status.NO_FIT, f"HBM peak at micro-batch {m}") for m in (8, 2)]
+    r = SearchResult(SMALL, H100, BASE, Objective.TIME, 1.0, (best,), (best, *lost), (), 3, 0.0, 1)
+    lines = why_best(r)
+    shown = [line for line in lines if line.strip().startswith("micro batch")]
+    assert shown == ["  micro batch 2: does not fit: HBM peak at micro-batch 2"]
