@@ -189,9 +189,11 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     simulated.
 
     Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
-    (free) and by the compute kernels of the plan's class (search_screen.compute_bound,
-    two small simulations when the walk reaches a class of several plans); the HBM peak
-    by the memory estimate. Order: first one plan per precision and layout, then the
+    (free), by the compute kernels of the plan's class (search_screen.compute_bound,
+    two small simulations when the walk reaches a class of several plans) and, for a
+    multi-GPU plan, by its micro-batches in the middle of the step (simulate_parallel.
+    step_time_floor, inside the evaluation, before its memory); the HBM peak by the
+    memory estimate. Order: first one plan per precision and layout, then the
     neighbours (one choice away) of the best plans found, so that with a time limit the
     simulations go where the good plans are. Past the deadline the rest is unexplored.
     """
