@@ -45,7 +45,10 @@ SEND = "send"
 # Assumption: 16 channels for a large collective on NVLink-connected Hopper/Ampere
 # (NCCL caps channels at NCCL_MAX_CTAS, 32 by default in recent releases; rings on
 # NVSwitch systems commonly settle at 16-24). Used for the SM share that
-# concurrent compute loses while a collective runs (see sim/engine.py).
+# concurrent compute loses while a collective runs (see sim/engine.py): 12% of an
+# H100/H200's 132 SMs, inside the 0-19% we measured on 2x H200 (validation/README.md,
+# "Compute and communication at once"), which also shows collectives slowed by compute,
+# not modelled yet.
 NCCL_CTAS = 16
 # Assumption: one ring step over NVLink adds ~1 us (NCCL's LL protocol; nccl-tests small-message
 # all-reduce latency grows by roughly that per extra GPU inside a DGX/HGX node).
