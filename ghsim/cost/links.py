@@ -47,8 +47,8 @@ SEND = "send"
 # NVSwitch systems commonly settle at 16-24). Used for the SM share that
 # concurrent compute loses while a collective runs (see sim/engine.py): 12% of an
 # H100/H200's 132 SMs, inside the 0-19% we measured on 2x H200 (validation/README.md,
-# "Compute and communication at once"), which also shows collectives slowed by compute,
-# not modelled yet.
+# "Compute and communication at once"), which also shows collectives slowed by compute:
+# not modelled (a two-pass what-if moves the 2x H200 cases by at most 1.2 points).
 NCCL_CTAS = 16
 # Assumption: one ring step over NVLink adds ~1 us (NCCL's LL protocol; nccl-tests small-message
 # all-reduce latency grows by roughly that per extra GPU inside a DGX/HGX node).
