@@ -14,6 +14,7 @@ lookups (memo_calibration); it lives as long as one search, in its workers.
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import time
@@ -207,18 +208,18 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
         unit, scale, what = "s", 1.0, "GPU compute"
     index = {p: j for j, (p, _) in enumerate(survivors)}
     tables: dict[str, dict] = {}
+    cls = [compute_class(p) for p, _ in survivors] if unit == "s" else []
     members: dict[Plan, int] = {}
-    if unit == "s":
-        for p, _ in survivors:
-            c = compute_class(p)
-            members[c] = members.get(c, 0) + 1
+    for c in cls:
+        members[c] = members.get(c, 0) + 1
+    memory_order = [_memory_order(p) for p, _ in survivors]
     class_bound: dict[Plan, float] = {}
     # priority: the value of the best simulated neighbour (seeds: their bound), smaller first
     prio = {j: (1, keys[j]) for j in range(len(survivors))}
     seeds: dict[tuple, int] = {}
     # a seed per precision, layout, sharding and offload set: its plan with the fewest FLOPs
     # and the least memory (the likeliest to fit)
-    for j in sorted(range(len(survivors)), key=lambda j: (keys[j], _memory_order(survivors[j][0]))):
+    for j in sorted(range(len(survivors)), key=lambda j: (keys[j], memory_order[j])):
         p = survivors[j][0]
         seeds.setdefault((p.precision, p.tp, p.pp, p.zero, p.offload), j)
     for j in seeds.values():
@@ -228,11 +229,24 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     out: list[Evaluation] = []
     best: list[float] = []  # values of the feasible plans screened so far, ascending
     pending = set(range(len(survivors)))
+    # the pending plans by (priority, memory order): an entry whose priority has since
+    # improved is stale (the better one was pushed too) and is dropped when popped
+    heap = [(prio[j], memory_order[j], j) for j in pending]
+    heapq.heapify(heap)
+
+    def pop_pending(k: int) -> list[int]:
+        """The next k pending plans in order, taken off the heap."""
+        got: list[int] = []
+        while heap and len(got) < k:
+            pr, _, j = heapq.heappop(heap)
+            if j in pending and pr == prio[j]:
+                got.append(j)
+        return got
 
     def bound(j: int) -> float:
         if unit != "s":
             return keys[j]
-        c = compute_class(survivors[j][0])
+        c = cls[j]
         if c not in class_bound:  # worth two small simulations only for a class with several plans
             class_bound[c] = max(keys[j], runner.bounds([c])[0]) if members[c] >= BOUND_WORTH else keys[j]
         return class_bound[c]
@@ -247,21 +261,26 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
         bar = best[top - 1] * (1 + SCREEN_TOLERANCE) if len(best) >= top else math.inf
         if time.perf_counter() > deadline and best:  # (never before a first plan fits)
             for j in sorted(pending):
-                known = unit != "s" or compute_class(survivors[j][0]) in class_bound
+                known = unit != "s" or cls[j] in class_bound
                 set_aside(j, Status.UNEXPLORED, "not simulated within the time limit" + (
                     f" (needs at least {bound(j) * scale:.3g} {unit} of {what})" if known else ""))
             break
         batch = []
         # among equals, the plans needing less memory first: if they do not fit, neither do the rest
-        order = sorted(pending, key=lambda j: (prio[j], _memory_order(survivors[j][0])))
+        order = pop_pending(2 * wave)
         if unit == "s":  # the class bounds this round will ask for, on all cores at once
-            classes = {compute_class(survivors[j][0]): keys[j] for j in order[:2 * wave] if keys[j] <= bar}
+            classes = {cls[j]: keys[j] for j in order if keys[j] <= bar}
             todo = [c for c in classes if c not in class_bound and members[c] >= BOUND_WORTH]
             for c, b in zip(todo, runner.bounds(todo) if len(todo) > 1 else ()):
                 class_bound[c] = max(classes[c], b)
-        for j in order:
-            if len(batch) >= wave:
-                break
+        k = 0
+        while len(batch) < wave:
+            if k == len(order):
+                order += pop_pending(wave)  # past the head whose class bounds were fetched
+                if k == len(order):
+                    break
+            j = order[k]
+            k += 1
             p = survivors[j][0]
             bigger = no_fit.dominates(p)
             if keys[j] > bar or bound(j) > bar:
@@ -271,6 +290,8 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
                 set_aside(j, Status.NO_FIT, f"needs at least the {bigger}, which does not fit")
             else:
                 batch.append(j)
+        for j in order[k:]:  # not reached this round
+            heapq.heappush(heap, (prio[j], memory_order[j], j))
         if not batch:
             continue
         pending.difference_update(batch)
@@ -282,8 +303,9 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
                 no_fit.add(e)
             elif e.feasible:
                 for q in _neighbours(e.plan, index, tables):
-                    if q in pending:
-                        prio[q] = min(prio[q], (0, value(e)))
+                    if q in pending and (0, value(e)) < prio[q]:
+                        prio[q] = (0, value(e))
+                        heapq.heappush(heap, (prio[q], memory_order[q], q))
         best = sorted(best + [value(e) for e in evs if e.feasible])
     return out
 
