@@ -27,16 +27,18 @@ class ProgressBar:
     def __init__(self, enabled: bool | None = None, label: str = "searching"):
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self.label, self.last, self.t0 = label, 0.0, time.perf_counter()
+        self.finished = False  # the search reports its total more than once; clear the line once
 
     def __call__(self, done: int, total: int) -> None:
         now = time.perf_counter()
-        if not self.enabled or (now - self.last < 0.1 and done < total):
+        if not self.enabled or self.finished or (now - self.last < 0.1 and done < total):
             return
         self.last = now
         frac = done / total if total else 1.0
         bar = "#" * int(frac * 30)
         sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:4.0%} {done:,}/{total:,} plans {now - self.t0:5.1f} s")
         if done >= total:
+            self.finished = True
             sys.stderr.write("\r" + " " * 90 + "\r")
         sys.stderr.flush()
 

@@ -130,6 +130,18 @@ def test_no_progress_bar_when_not_a_terminal(calfile):
     assert r.returncode == 0 and r.stderr == ""
 
 
+def test_progress_bar_on_a_terminal_ends_once(capsys):
+    from ghsim.cli_plan import ProgressBar
+
+    bar = ProgressBar(enabled=True)
+    for done in (0, 5, 10, 10):  # the search reports its total twice: when the last plan is judged, and done
+        bar(done, 10)
+    err = capsys.readouterr().err
+    assert err.count("100%") == 1 and err.endswith("\r")
+    ProgressBar(enabled=False)(10, 10)
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--gpus", "0", "--tp", "1"], "--gpus must be at least 1"),
     (["--gpus", "2", "--tp", "0"], "--tp must be at least 1"),
