@@ -13,7 +13,7 @@ import click
 @click.argument("folder", type=click.Path(), default="validation")
 @click.option("--json", "as_json", is_flag=True, help="Print {cases: [...], summary: {...}}.")
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Predicted vs measured, as a PNG.")
-@click.option("--no-trace", is_flag=True, help="Skip reading the traces (no kernel-share check).")
+@click.option("--no-trace", is_flag=True, help="Skip reading the traces (faster; no kernel-share or utilization check: a case's utilization needs its trace's kernel-busy time).")
 @click.option("--case", "only", default=None, help="Only cases whose folder name contains this.")
 def validate(folder: str, as_json: bool, plot_file: str | None, no_trace: bool, only: str | None) -> None:
     """Compare predictions with every measured case in FOLDER (default: validation)."""

@@ -83,3 +83,16 @@ def test_a_tolerance_breach_exits_1_with_json(tmp_path):
     assert p.returncode == 1
     d = json.loads(p.stdout)
     assert d["cases"][0]["failed"] == ["step_time_rel"] and d["summary"]["failed"] == 1
+
+
+def test_utilization_is_checked_only_against_the_timed_step(results):
+    """A case.toml's gpu_utilization is over the profiled steps, which the profiler's host
+    overhead stretches: on a launch-bound case it is far below the timed step's kernel-busy
+    share. Without reading the trace the check is skipped, never made against that figure."""
+    with_trace = next(r for r in results if r.case.name == "h100-llama1b-bf16-mb1-s2048")
+    profiled = with_trace.measured["gpu_utilization_profiled"]
+    assert with_trace.measured["gpu_utilization"] > profiled + 0.1  # the correction matters here
+    assert "utilization_abs" in with_trace.errors and with_trace.status == "ok"
+    quick = validate(ROOT, with_trace=False, only="h100-llama1b-bf16-mb1-s2048")[0]
+    assert "utilization_abs" not in quick.errors and "gpu_utilization" not in quick.measured
+    assert quick.status == "ok" and quick.measured["gpu_utilization_profiled"] == profiled
