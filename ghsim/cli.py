@@ -39,15 +39,19 @@ def main() -> None:
     """Predict LLM training steps on Grace Hopper (GH200) and PCIe/SXM Hopper GPUs."""
 
 
-def plan_options(f: Callable) -> Callable:
-    """The model, hardware and plan flags shared by simulate, plan and compare."""
+def plan_options(f: Callable, searched: bool = False) -> Callable:
+    """The model, hardware and plan flags shared by simulate, plan and compare.
+
+    `searched`: the help of `ghsim plan`, where a flag left out is searched, not defaulted."""
     options = [
         click.option("--model", "model_name", required=True, help="Catalog name (`ghsim models`), model TOML or HF config.json."),
-        click.option("--gpus", type=int, default=None, help="Total GPUs."),
+        click.option("--gpus", type=int, default=None, help="Total GPUs (default 1)."),
         click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: the hardware's)."),
         click.option("--seq", type=int, default=None, help="Sequence length (default 4096)."),
-        click.option("--micro-batch", type=int, default=None, help="Sequences per GPU per micro-batch (default 1)."),
-        click.option("--global-batch", type=int, default=None, help="Sequences per step (default: one micro-batch per GPU)."),
+        click.option("--micro-batch", type=int, default=None,
+                     help="Sequences per GPU per micro-batch (default: " + ("searched)." if searched else "1).")),
+        click.option("--global-batch", type=int, default=None, help="Sequences per step (default: " + (
+            "4 per GPU, at least 32)." if searched else "one micro-batch per GPU).")),
         click.option("--zero", type=int, default=None, help="ZeRO stage 0-3."),
         click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8"]), default=None),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None),

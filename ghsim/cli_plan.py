@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -90,7 +91,7 @@ def base_and_pins(kw: dict[str, Any]):
 
 
 @click.command()
-@plan_options
+@functools.partial(plan_options, searched=True)
 @click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
 @click.option("--objective", default="time", show_default=True,
               help="Rank by: time (step time), cost (dollars per million tokens), memory (HBM headroom).")

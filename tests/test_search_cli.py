@@ -157,3 +157,14 @@ def test_impossible_plan_values_are_refused_before_the_search(flags, says):
 def test_impossible_pins_are_refused_by_sweep():
     r = run("sweep", "--models", "llama-2-7b", "--gpus", "1", "--hardware", "h100-sxm", "--pin", "micro_batch=0")
     assert r.exit_code == 2 and "--micro-batch must be at least 1" in r.output
+
+
+def test_plan_help_states_the_search_defaults():
+    """The batch flags shared with simulate have other defaults in plan: searched, and 4 per GPU."""
+    from ghsim.search_space import default_global_batch
+
+    plan_help = " ".join(CliRunner().invoke(main, ["plan", "--help"]).output.split())
+    assert "per micro-batch (default: searched)" in plan_help and "4 per GPU, at least 32" in plan_help
+    assert default_global_batch(1) == 32 and default_global_batch(64) == 256
+    simulate_help = " ".join(CliRunner().invoke(main, ["simulate", "--help"]).output.split())
+    assert "(default: one micro-batch per GPU)" in simulate_help
