@@ -25,14 +25,14 @@ def compact_label(p) -> str:
     if p.zero:
         parts.append(f"Z{p.zero}")
     if p.offload:
-        short = {"optimizer": "opt", "params": "par", "activations": "act"}
-        parts.append("off:" + "+".join(short[t] for t in sorted(p.offload) if t in short))
+        short = {"optimizer": "opt", "grads": "grad", "params": "par", "activations": "act"}
+        parts.append("off:" + "+".join(short[t] for t in sorted(p.offload)))
         if p.offload_ratio != 1.0:
             parts.append(f"r{p.offload_ratio:g}")
     parts += [f"{k}{getattr(p, k)}" for k in ("tp", "pp", "ep") if getattr(p, k) > 1]
-    if getattr(p, "pp_interleave", 1) > 1:
+    if p.pp_interleave > 1:
         parts.append(f"v{p.pp_interleave}")
-    schedule = getattr(getattr(p, "offload_schedule", None), "value", "auto")
+    schedule = p.offload_schedule.value
     if p.offload and schedule != "auto":
         parts.append({"superoffload": "SO"}.get(schedule, schedule))
     if p.unified_memory:

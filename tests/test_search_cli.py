@@ -168,3 +168,16 @@ def test_plan_help_states_the_search_defaults():
     assert default_global_batch(1) == 32 and default_global_batch(64) == 256
     simulate_help = " ".join(CliRunner().invoke(main, ["simulate", "--help"]).output.split())
     assert "(default: one micro-batch per GPU)" in simulate_help
+
+
+def test_pareto_labels_tell_offload_sets_apart():
+    """Every offload set gets its own label on the Pareto plot (grads were once left out)."""
+    from itertools import combinations
+
+    from ghsim.plan import Plan
+    from ghsim.search_plot import compact_label
+
+    targets = ("optimizer", "grads", "params", "activations")
+    sets = [frozenset(c) for n in range(len(targets) + 1) for c in combinations(targets, n)]
+    labels = {compact_label(Plan(gpus=4, zero=3, offload=s)) for s in sets}
+    assert len(labels) == len(sets)
