@@ -216,13 +216,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     class_bound: dict[Plan, float] = {}
     # priority: the value of the best simulated neighbour (seeds: their bound), smaller first
     prio = {j: (1, keys[j]) for j in range(len(survivors))}
-    seeds: dict[tuple, int] = {}
-    # a seed per precision, layout, sharding and offload set: its plan with the fewest FLOPs
-    # and the least memory (the likeliest to fit)
-    for j in sorted(range(len(survivors)), key=lambda j: (keys[j], memory_order[j])):
-        p = survivors[j][0]
-        seeds.setdefault((p.precision, p.tp, p.pp, p.zero, p.offload), j)
-    for j in seeds.values():
+    for j in _seeds([p for p, _ in survivors], keys, memory_order):
         prio[j] = (0, keys[j])
     no_fit = _NoFit(runner.hw)
     wave = max(8, runner.jobs * 4)
@@ -310,7 +304,20 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     return out
 
 
-_NEIGHBOUR_DIMS = tuple(d for d in SEARCHED if d not in ("tp", "pp", "ep"))  # a layout is a seed of its own
+# A layout is never a neighbour move (changing it changes every op and collective):
+# each layout has seeds of its own instead, so a time-limited search reaches them all.
+LAYOUT = ("tp", "pp", "ep")
+SEED_KEY = ("precision", *LAYOUT, "zero", "offload")
+_NEIGHBOUR_DIMS = tuple(d for d in SEARCHED if d not in LAYOUT)
+
+
+def _seeds(plans: list[Plan], keys: list[float], memory_order: list[tuple]) -> list[int]:
+    """Where best-first screening starts (by index): for each precision, layout, ZeRO stage
+    and offload set, its plan with the fewest FLOPs and the least memory (likeliest to fit)."""
+    seeds: dict[tuple, int] = {}
+    for j in sorted(range(len(plans)), key=lambda j: (keys[j], memory_order[j])):
+        seeds.setdefault(tuple(getattr(plans[j], d) for d in SEED_KEY), j)
+    return list(seeds.values())
 
 
 def _neighbours(plan: Plan, index: dict[Plan, int], tables: dict[str, dict]) -> list[int]:

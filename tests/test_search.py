@@ -243,3 +243,27 @@ def test_explanation_shows_the_nearest_value_that_loses():
     lines = why_best(r)
     shown = [line for line in lines if line.strip().startswith("micro batch")]
     assert shown == ["  micro batch 2: does not fit: HBM peak at micro-batch 2"]
+
+
+def test_best_first_screening_can_reach_every_survivor():
+    """With a time limit, screening walks from seeds to their neighbours (one searched
+    choice away). Every survivor must be reachable that way; a layout missing from the
+    seeds (expert parallelism once was) left the best MoE plans unexplored."""
+    from ghsim.search import _neighbours, _prune, _seeds, _Ticker, _valid
+
+    model, hw = load_model("mixtral-8x7b"), H100
+    base = dataclasses.replace(BASE, gpus=8, global_batch=32)
+    space = pin(default_space(model, hw, base), {"precision": Precision.BF16, "cuda_graphs": True,
+                                                  "recompute": Recompute.FULL})
+    _, survivors, _ = _prune(model, hw, groups(space, base), _Ticker(None, 0))
+    plans = [p for p, _ in _valid(model, hw, survivors, _Ticker(None, 0))[0]]
+    assert len({p.ep for p in plans}) > 1 and len({p.tp for p in plans}) > 1
+    index = {p: j for j, p in enumerate(plans)}
+    reached = set(_seeds(plans, [0.0] * len(plans), [()] * len(plans)))
+    frontier, tables = list(reached), {}
+    while frontier:
+        for q in _neighbours(plans[frontier.pop()], index, tables):
+            if q not in reached:
+                reached.add(q)
+                frontier.append(q)
+    assert len(reached) == len(plans), {(p.tp, p.pp, p.ep) for j, p in enumerate(plans) if j not in reached}
