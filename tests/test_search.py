@@ -249,7 +249,7 @@ def test_best_first_screening_can_reach_every_survivor():
     """With a time limit, screening walks from seeds to their neighbours (one searched
     choice away). Every survivor must be reachable that way; a layout missing from the
     seeds (expert parallelism once was) left the best MoE plans unexplored."""
-    from ghsim.search import _neighbours, _prune, _seeds, _Ticker, _valid
+    from ghsim.search import _neighbours, _prune, _seed_tiers, _Ticker, _valid
 
     model, hw = load_model("mixtral-8x7b"), H100
     base = dataclasses.replace(BASE, gpus=8, global_batch=32)
@@ -259,7 +259,7 @@ def test_best_first_screening_can_reach_every_survivor():
     plans = [p for p, _ in _valid(model, hw, survivors, _Ticker(None, 0))[0]]
     assert len({p.ep for p in plans}) > 1 and len({p.tp for p in plans}) > 1
     index = {p: j for j, p in enumerate(plans)}
-    reached = set(_seeds(plans, [0.0] * len(plans), [()] * len(plans)))
+    reached = set(_seed_tiers(plans, [0.0] * len(plans), [()] * len(plans)))
     frontier, tables = list(reached), {}
     while frontier:
         for q in _neighbours(plans[frontier.pop()], index, tables):
@@ -267,3 +267,21 @@ def test_best_first_screening_can_reach_every_survivor():
                 reached.add(q)
                 frontier.append(q)
     assert len(reached) == len(plans), {(p.tp, p.pp, p.ep) for j, p in enumerate(plans) if j not in reached}
+
+
+def test_screening_order_alternates_and_exploits_only_near_the_top():
+    """Seeds (by tier) and neighbours of good plans are taken in turn; a neighbour of a plan
+    slower than the top plans' bar waits; stale entries (improved or settled) are dropped."""
+    from ghsim.search import _Order
+
+    keys = [1.0] * 6
+    order = _Order(keys, {0: 0, 1: 1}, [(j,) for j in range(6)])
+    assert order.take(2, math.inf) == [0, 1]  # no neighbours yet: seeds by tier, then the rest
+    order.put_back([0, 1])
+    order.near(4, 10.0)
+    order.near(5, 30.0)
+    order.near(4, 8.0)  # improved: the 10.0 entry is stale
+    assert order.take(4, bar=20.0) == [4, 0, 1, 2]  # 5 neighbours a plan above the bar: explore instead
+    order.pending.difference_update([4, 0])
+    order.put_back([1, 2])
+    assert order.take(6, bar=40.0) == [5, 1, 2, 3]
