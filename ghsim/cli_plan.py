@@ -13,7 +13,7 @@ import click
 
 from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
-from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, SEARCHED
+from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
 PRECISIONS_OPTION = ",".join(p.value for p in DEFAULT_PRECISIONS)
 from ghsim.tomlio import write_text
@@ -86,7 +86,7 @@ def base_and_pins(kw: dict[str, Any]):
             pins[f] = getattr(explicit, f)
     check_values(given)
     check_values(explicit)
-    base = given.with_(**{f: v for f, v in pins.items() if f in ("tp", "pp", "ep")})
+    base = given.with_(**{f: v for f, v in pins.items() if f in LAYOUT})
     return base, pins, baseline
 
 

@@ -30,7 +30,7 @@ from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
 from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
-from ghsim.search_space import SEARCHED, Group, SearchSpace, groups
+from ghsim.search_space import LAYOUT, SEARCHED, Group, SearchSpace, groups
 from ghsim.simulate import check_fit_to_model
 
 BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
@@ -194,9 +194,10 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     two small simulations when the walk reaches a class of several plans) and, for a
     multi-GPU plan, by its micro-batches in the middle of the step (simulate_parallel.
     step_time_floor, inside the evaluation, before its memory); the HBM peak by the
-    memory estimate. Order (_Order): in turn a plan to explore (a seed per precision,
-    layout, ZeRO stage and offload set first) and a neighbour (one choice away) of the best
-    plans found, so that with a time limit the simulations go where the good plans are.
+    memory estimate. Order (_Order): in turn a plan to explore (seeds first: one per
+    precision and layout, then one per ZeRO stage and offload set of each) and a neighbour
+    (one move away) of the best plans found, so that with a time limit the simulations go
+    where the good plans are.
     Past the deadline the rest is unexplored.
     """
     if objective == Objective.MEMORY:
@@ -298,18 +299,19 @@ class _Order:
 
     def __init__(self, keys: list[float], seed_tiers: dict[int, int], memory_order: list[tuple]):
         self.pending = set(range(len(keys)))
-        self.rank = {j: ((seed_tiers.get(j, 2), keys[j]), memory_order[j]) for j in self.pending}
+        rest = len(SEED_TIERS)
+        # heap entries end (memory order, plan); explore's begin with (tier, bound), exploit's with a value
+        self.rank = {j: ((seed_tiers.get(j, rest), keys[j]), memory_order[j]) for j in self.pending}
         self.explore = [(*self.rank[j], j) for j in self.pending]
         heapq.heapify(self.explore)
         self.exploit: list[tuple] = []
         self.nearest: dict[int, float] = {}  # plan -> value of its best feasible neighbour so far
-        self.memory_order = memory_order
 
     def near(self, j: int, value: float) -> None:
         """Plan j is one move from a feasible plan of this value."""
         if j in self.pending and value < self.nearest.get(j, math.inf):
             self.nearest[j] = value
-            heapq.heappush(self.exploit, (value, self.memory_order[j], j))
+            heapq.heappush(self.exploit, (value, self.rank[j][1], j))
 
     def take(self, k: int, bar: float) -> list[int]:
         """The next k pending plans, alternately from each queue (they stay pending: the
@@ -318,31 +320,31 @@ class _Order:
         would use better. Entries of plans no longer pending, or whose neighbour value has
         since improved, are stale and dropped."""
         got: list[int] = []
-        turn = 0
-        while len(got) < k and (self.exploit or self.explore):
-            exploit = bool(self.exploit) and self.exploit[0][0] <= bar and (turn % 2 == 0 or not self.explore)
-            if not exploit and not self.explore:
+        while len(got) < k:
+            exploit_turn = len(got) % 2 == 0 or not self.explore
+            if self.exploit and self.exploit[0][0] <= bar and exploit_turn:
+                value, _, j = heapq.heappop(self.exploit)
+                fresh = value == self.nearest[j]
+            elif self.explore:
+                j, fresh = heapq.heappop(self.explore)[-1], True
+            else:
                 break
-            queue = self.exploit if exploit else self.explore
-            entry = heapq.heappop(queue)
-            j = entry[-1]
-            stale = queue is self.exploit and entry[0] != self.nearest[j]
-            if j in self.pending and j not in got and not stale:
+            if fresh and j in self.pending and j not in got:
                 got.append(j)
-                turn += 1
         return got
 
     def put_back(self, plans: list[int]) -> None:
         for j in plans:
             heapq.heappush(self.explore, (*self.rank[j], j))
             if j in self.nearest:
-                heapq.heappush(self.exploit, (self.nearest[j], self.memory_order[j], j))
+                heapq.heappush(self.exploit, (self.nearest[j], self.rank[j][1], j))
 
 
 # A layout is never a neighbour move (changing it changes every op and collective):
 # each layout has seeds of its own instead, so a time-limited search reaches them all.
-LAYOUT = ("tp", "pp", "ep")
-SEED_KEY = ("precision", *LAYOUT, "zero", "offload")
+# Seed tiers, by the choices a seed stands for: first each precision and layout, then
+# each ZeRO stage and offload set of those.
+SEED_TIERS = (("precision", *LAYOUT), ("precision", *LAYOUT, "zero", "offload"))
 # A move changes one searched choice, or the micro-batch and recompute together: a larger
 # micro-batch often fits only with more recompute, and under ZeRO-3 or offload fewer
 # micro-batches move less, so the best plan can lie past a slow plan of single moves
@@ -351,21 +353,18 @@ _MOVES = tuple((d,) for d in SEARCHED if d not in LAYOUT) + (("micro_batch", "re
 
 
 def _seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple]) -> dict[int, int]:
-    """Where best-first screening starts (plan index -> tier): first one plan per precision
-    and layout (tier 0), then one per ZeRO stage and offload set of each (tier 1); each the
-    plan with the fewest FLOPs and the least memory (likeliest to fit). Neighbour moves
-    never change the layout, so every layout must be looked at early; seeing one plan of
-    a layout lets its neighbours lead to the layout's best."""
+    """Where best-first screening starts: plan index -> its tier in SEED_TIERS, for the plan
+    of each combination with the fewest FLOPs and the least memory (likeliest to fit).
+    Neighbour moves never change the layout, so every layout must be looked at early;
+    seeing one plan of a layout lets its neighbours lead to the layout's best."""
     tiers: dict[int, int] = {}
     seen: set[tuple] = set()
     for j in sorted(range(len(plans)), key=lambda j: (keys[j], memory_order[j])):
-        layout = tuple(getattr(plans[j], d) for d in ("precision", *LAYOUT))
-        seed = tuple(getattr(plans[j], d) for d in SEED_KEY)
-        if layout not in seen:
-            tiers[j] = 0
-        elif seed not in seen:
-            tiers[j] = 1
-        seen.update((layout, seed))
+        for tier, dims in enumerate(SEED_TIERS):
+            combination = (tier, *(getattr(plans[j], d) for d in dims))
+            if combination not in seen:
+                seen.add(combination)
+                tiers.setdefault(j, tier)
     return tiers
 
 

@@ -13,7 +13,7 @@ from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
 from ghsim.search import Objective, SearchResult
 from ghsim.search_screen import Evaluation, Status
-from ghsim.search_space import SEARCHED
+from ghsim.search_space import LAYOUT, SEARCHED
 
 
 
@@ -84,7 +84,7 @@ def _describe(dim: str, value: Any) -> str:
         return "offload " + (",".join(sorted(v)) if v else "nothing")
     if dim == "zero":
         return f"ZeRO-{v}"
-    if dim in ("tp", "pp", "ep"):
+    if dim in LAYOUT:
         return f"{dim} {v}"
     if isinstance(v, bool):
         return f"{dim.replace('_', ' ')} {'on' if v else 'off'}"

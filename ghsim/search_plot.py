@@ -14,6 +14,7 @@ from ghsim.plots import save  # noqa: E402
 from ghsim.search import SearchResult  # noqa: E402
 from ghsim.search_explain import pareto_front  # noqa: E402
 from ghsim.search_screen import Status  # noqa: E402
+from ghsim.search_space import LAYOUT  # noqa: E402
 
 
 
@@ -29,7 +30,7 @@ def compact_label(p) -> str:
         parts.append("off:" + "+".join(short[t] for t in sorted(p.offload)))
         if p.offload_ratio != 1.0:
             parts.append(f"r{p.offload_ratio:g}")
-    parts += [f"{k}{getattr(p, k)}" for k in ("tp", "pp", "ep") if getattr(p, k) > 1]
+    parts += [f"{k}{getattr(p, k)}" for k in LAYOUT if getattr(p, k) > 1]
     if p.pp_interleave > 1:
         parts.append(f"v{p.pp_interleave}")
     schedule = p.offload_schedule.value

@@ -51,6 +51,7 @@ AUTO_RESOLVES_TO = ("sync", "overlapped")  # ghsim.graph.offload.resolve: by fra
 # (SearchSpace.frameworks, .optimizer_impls).
 SEARCHED = ("precision", "recompute", "zero", "offload", "offload_ratio", "offload_schedule",
             "unified_memory", "tp", "pp", "ep", "sequence_parallel", "pp_interleave", "micro_batch", "cuda_graphs")
+LAYOUT = ("tp", "pp", "ep")  # the parallel split: a search space holds them together, as splits
 GIVEN = ("gpus", "gpus_per_node", "seq", "global_batch", "lora_rank", "dataloader_workers", "batch_prep_s",
          "offload_pinned", "framework", "optimizer_impl")
 
@@ -142,16 +143,16 @@ _PIN_TO_SPACE = {
 def pin(space: SearchSpace, pinned: dict[str, Any]) -> SearchSpace:
     """The space with the dimensions the user fixed (by flag) reduced to their value."""
     changes: dict[str, Any] = {}
-    split = {k: pinned[k] for k in ("tp", "pp", "ep") if k in pinned}
+    split = {k: pinned[k] for k in LAYOUT if k in pinned}
     if split:
         changes["splits"] = tuple(s for s in space.splits
-                                  if all(s[("tp", "pp", "ep").index(k)] == v for k, v in split.items()))
+                                  if all(s[LAYOUT.index(k)] == v for k, v in split.items()))
         if not changes["splits"]:
             changes["splits"] = ((pinned.get("tp", 1), pinned.get("pp", 1), pinned.get("ep", 1)),)
     for key, value in pinned.items():
         if key in _PIN_TO_SPACE:
             changes[_PIN_TO_SPACE[key]] = (value,)
-        elif key not in ("tp", "pp", "ep"):
+        elif key not in LAYOUT:
             raise GhsimError(f"'{key}' is not a searched plan dimension")
     return replace(space, **changes)
 
