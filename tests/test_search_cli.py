@@ -131,7 +131,7 @@ def test_no_progress_bar_when_not_a_terminal(calfile):
 
 
 def test_progress_bar_on_a_terminal_ends_once(capsys):
-    from ghsim.cli_plan import ProgressBar
+    from ghsim.cli.plan import ProgressBar
 
     bar = ProgressBar(enabled=True)
     for done in (0, 5, 10, 10):  # the search reports its total twice: when the last plan is judged, and done

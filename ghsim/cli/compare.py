@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli import plan_from_flags, plan_options
+from ghsim.cli.options import plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
+from ghsim.cli.options import FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
@@ -71,7 +71,7 @@ def base_and_pins(kw: dict[str, Any]):
         given = baseline
     else:
         fields = {f: kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
-                  for flag, f in _FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}
+                  for flag, f in FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}
         given = plan_from_dict(fields, "plan")
         if kw.get("framework") is None:
             given = given.with_(framework=DEFAULT_FRAMEWORK)
@@ -81,7 +81,7 @@ def base_and_pins(kw: dict[str, Any]):
         given = given.with_(global_batch=default_global_batch(given.gpus))
     pins: dict[str, Any] = {}
     explicit = plan_from_flags({k: v for k, v in kw.items() if k not in ("plan_file", "ds_file")})
-    for flag, f in _FLAG_TO_FIELD.items():
+    for flag, f in FLAG_TO_FIELD.items():
         if f in _PINNABLE and kw.get(flag) is not None:
             pins[f] = getattr(explicit, f)
     check_values(given)
