@@ -17,9 +17,9 @@ from ghsim.errors import GhsimError
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
-from ghsim.search import Objective, memo_calibration, search
-from ghsim.search_screen import Evaluation, Status
-from ghsim.search_space import default_space, groups, pin, searched_fields_cover_plan
+from ghsim.search.core import Objective, memo_calibration, search
+from ghsim.search.screen import Evaluation, Status
+from ghsim.search.space import default_space, groups, pin, searched_fields_cover_plan
 from ghsim.simulate import simulate
 
 H100 = load_hardware("h100-sxm")
@@ -140,7 +140,7 @@ def test_gpu_compute_bound_prunes_without_losing_the_best(cal):
 def test_bounds_and_dominance_never_change_the_ranking(cal, monkeypatch):
     """Multi-GPU: the same top plans, and no plan wrongly said not to fit, as a search that
     simulates every survivor in full (no branch and bound, no 'needs at least the memory of')."""
-    import ghsim.search as S
+    import ghsim.search.core as S
 
     model, hw = dataclasses.replace(load_model("llama-2-7b"), num_layers=8), load_hardware("a100-sxm-40gb")
     base = Plan(gpus=4, seq=4096, global_batch=16, framework=Framework.DEEPSPEED, optimizer_impl="fused")
@@ -198,7 +198,7 @@ def test_host_memory_order_the_search_relies_on(cal, smaller, bigger):
 
 
 def test_a_host_overflow_does_not_rule_out_offloading_less(cal):
-    from ghsim.search import _NoFit
+    from ghsim.search.core import _NoFit
 
     hw = H100
     no_fit = _NoFit(hw)
@@ -233,8 +233,8 @@ def test_plan_with_is_dataclasses_replace():
 
 def test_explanation_shows_the_nearest_value_that_loses():
     """'nearest plans that lose': of micro-batches 8 and 2 that do not fit, the one next to the best's 1."""
-    from ghsim.search import SearchResult
-    from ghsim.search_explain import why_best
+    from ghsim.search.core import SearchResult
+    from ghsim.search.explain import why_best
 
     best = Evaluation(BASE.with_(micro_batch=1), Status.FEASIBLE, step_time_s=1.0, tokens_per_s=1.0,
                       hbm_peak_bytes=1e9)
@@ -249,7 +249,7 @@ def test_best_first_screening_can_reach_every_survivor():
     """With a time limit, screening walks from seeds to their neighbours (one searched
     choice away). Every survivor must be reachable that way; a layout missing from the
     seeds (expert parallelism once was) left the best MoE plans unexplored."""
-    from ghsim.search import _neighbours, _prune, _seed_tiers, _Ticker, _valid
+    from ghsim.search.core import _neighbours, _prune, _seed_tiers, _Ticker, _valid
 
     model, hw = load_model("mixtral-8x7b"), H100
     base = dataclasses.replace(BASE, gpus=8, global_batch=32)
@@ -272,7 +272,7 @@ def test_best_first_screening_can_reach_every_survivor():
 def test_screening_order_alternates_and_exploits_only_near_the_top():
     """Seeds (by tier) and neighbours of good plans are taken in turn; a neighbour of a plan
     slower than the top plans' bar waits; stale entries (improved or settled) are dropped."""
-    from ghsim.search import _Order
+    from ghsim.search.core import _Order
 
     keys = [1.0] * 6
     order = _Order(keys, {0: 0, 1: 1}, [(j,) for j in range(6)])

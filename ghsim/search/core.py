@@ -1,8 +1,8 @@
 """`ghsim plan`'s engine: enumerate plans, prune by memory, simulate survivors, rank.
 
-    groups of candidates (search_space) ──> memory floor per group, estimate per plan
+    groups of candidates (space) ──> memory floor per group, estimate per plan
         (memory_estimate: prunes only what provably cannot fit)
-    ──> survivors screened on all cores (search_screen: small simulations, extrapolated)
+    ──> survivors screened on all cores (screen: small simulations, extrapolated)
     ──> the best few by the objective simulated in full, until no screened plan
         could still beat them ──> SearchResult (ranked, with every verdict counted)
 
@@ -26,11 +26,11 @@ from typing import Any, Callable, Iterable
 from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.errors import GhsimError
 from ghsim.hardware import Hardware
-from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
+from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
-from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
-from ghsim.search_space import LAYOUT, SEARCHED, Group, SearchSpace, groups
+from ghsim.search.screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
+from ghsim.search.space import LAYOUT, SEARCHED, Group, SearchSpace, groups
 from ghsim.simulate import check_fit_to_model
 
 BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
@@ -190,7 +190,7 @@ def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], obj
     simulated.
 
     Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
-    (free), by the compute kernels of the plan's class (search_screen.compute_bound,
+    (free), by the compute kernels of the plan's class (screen.compute_bound,
     two small simulations when the walk reaches a class of several plans) and, for a
     multi-GPU plan, by its micro-batches in the middle of the step (simulate_parallel.
     step_time_floor, inside the evaluation, before its memory); the HBM peak by the

@@ -26,7 +26,7 @@ from ghsim.cost.calibration import Calibration
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES
 from ghsim.hardware import GB, Hardware
-from ghsim.memory_estimate import MARGIN, MemoryEstimate
+from ghsim.search.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report import StepReport
