@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from ghsim.errors import GhsimError
 from ghsim.hardware import load_hardware
-from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
+from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.simulate import simulate
 
 H100 = load_hardware("h100-sxm")

@@ -124,7 +124,8 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Precision
-    from ghsim.search.core import Objective, default_jobs, search
+    from ghsim.search.core import default_jobs, search
+    from ghsim.search.objective import Objective
     from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
     from ghsim.search.space import default_space, pin
 
@@ -219,7 +220,8 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
     """Search the best plan for every model x hardware x cluster size (locally or on Dask)."""
     import pandas as pd
 
-    from ghsim.search.core import Objective, default_jobs
+    from ghsim.search.core import default_jobs
+    from ghsim.search.objective import Objective
     from ghsim.search.sweep import sweep as run_sweep
     from ghsim.search.sweep import pinned_values, tasks_for, write_results
 

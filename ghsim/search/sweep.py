@@ -46,7 +46,8 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Framework, Plan, Precision, check_values
-    from ghsim.search.core import Objective, search
+    from ghsim.search.core import search
+    from ghsim.search.objective import Objective
     from ghsim.search.explain import reproduce_flags
     from ghsim.search.space import default_global_batch, default_space, pin
 
