@@ -41,8 +41,8 @@ def speed(cal) -> list[tuple[str, float, object]]:
 
 
 def measured_cases() -> list[str]:
-    """Markdown rows of the 2x H200 cases and their single-GPU baselines (ghsim.validate)."""
-    from ghsim.validate import validate
+    """Markdown rows of the 2x H200 cases and their single-GPU baselines (ghsim.validate.cases)."""
+    from ghsim.validate.cases import validate
 
     root = PUBLISHED.parent / "cases"
     wanted = ("h200x2-", "h200-llama1b-bf16-mb4-s2048", "h200-llama3b-bf16-mb2-s4096")
