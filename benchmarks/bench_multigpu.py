@@ -5,19 +5,23 @@
 Speed: llama-3-70b on 1024 GPUs (TP 8, PP 8, DP 16) must simulate in at most 1 s;
 the single-GPU 70B step is timed alongside as the reference. Accuracy: every row
 of validation/published/{narayanan2021,korthikanti2022,rajbhandari2020,steiger2025}*.toml
-(ghsim/validate_published.py). --write rewrites validation/published/RESULTS.md.
+(tests/published_tables.py). --write rewrites validation/published/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from common import add_calibration_option, chosen_calibration, median_time
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Recompute
 from ghsim.simulate import simulate
-from ghsim.validate_published import PUBLISHED, Row, all_rows, render, summary
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the published tables are test code
+from published_tables import PUBLISHED, Row, all_rows, render, summary  # noqa: E402
 
 BUDGET_1024_S = 1.0
 
@@ -41,8 +45,8 @@ def speed(cal) -> list[tuple[str, float, object]]:
 
 
 def measured_cases() -> list[str]:
-    """Markdown rows of the 2x H200 cases and their single-GPU baselines (ghsim.validate)."""
-    from ghsim.validate import validate
+    """Markdown rows of the 2x H200 cases and their single-GPU baselines (ghsim.validate.cases)."""
+    from ghsim.validate.cases import validate
 
     root = PUBLISHED.parent / "cases"
     wanted = ("h200x2-", "h200-llama1b-bf16-mb4-s2048", "h200-llama3b-bf16-mb2-s4096")
@@ -70,7 +74,7 @@ MEGATRON_TABLES = ("narayanan2021-megatron-weak-scaling", "korthikanti2022-selec
 def kernel_set_comparison(rows: list[Row]) -> list[str]:
     """Markdown: every Megatron-table row simulated with each kernel set (ghsim --framework);
     `rows` (all_rows()) already hold them with the papers' kernels (megatron-legacy)."""
-    from ghsim.validate_published import korthikanti, narayanan
+    from published_tables import korthikanti, narayanan
 
     by = {fw: narayanan(PUBLISHED / f"{MEGATRON_TABLES[0]}.toml", fw)
           + korthikanti(PUBLISHED / f"{MEGATRON_TABLES[1]}.toml", fw)

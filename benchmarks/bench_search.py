@@ -20,9 +20,9 @@ from ghsim.cost.calibration import load_calibration
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Plan, Recompute
-from ghsim.search import memo_calibration, search
-from ghsim.search_screen import Status, evaluate
-from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, default_global_batch, default_space
+from ghsim.search.core import memo_calibration, search
+from ghsim.search.screen import Status, evaluate
+from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, default_global_batch, default_space
 from ghsim.simulate import simulate
 
 CASES = (  # model, hardware, gpus, budget (s)

@@ -9,9 +9,10 @@ price per million tokens side by side, then why the winner wins.
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan
-from ghsim.search import Objective, default_jobs, search
-from ghsim.search_explain import reproduce_flags, why_best
-from ghsim.search_space import default_space
+from ghsim.search.core import default_jobs, search
+from ghsim.search.explain import reproduce_flags, why_best
+from ghsim.search.objective import Objective
+from ghsim.search.space import default_space
 
 model = load_model("llama-2-7b")
 base = Plan(gpus=1, seq=4096, global_batch=32, framework=Framework.DEEPSPEED, optimizer_impl="fused")

@@ -16,7 +16,7 @@ from ghsim.hardware import load_hardware
 from ghsim.model import load_model, model_from_dict
 from ghsim.plan import plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.validate_published import PUBLISHED, render, steiger
+from published_tables import PUBLISHED, render, steiger
 
 QUAD = load_hardware("gh200-96gb-quad")
 SUPEROFFLOAD = dict(offload=["optimizer"], offload_schedule="superoffload")

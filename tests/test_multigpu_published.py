@@ -7,7 +7,7 @@ only catch regressions and are not accuracy claims.
 
 import pytest
 
-from ghsim.validate_published import all_rows, render, summary
+from published_tables import all_rows, render, summary
 
 
 @pytest.fixture(scope="module")

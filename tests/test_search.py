@@ -17,9 +17,10 @@ from ghsim.errors import GhsimError
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
-from ghsim.search import Objective, memo_calibration, search
-from ghsim.search_screen import Evaluation, Status
-from ghsim.search_space import default_space, groups, pin, searched_fields_cover_plan
+from ghsim.search.core import memo_calibration, search
+from ghsim.search.objective import Objective
+from ghsim.search.screen import Evaluation, Status
+from ghsim.search.space import default_space, groups, pin, searched_fields_cover_plan
 from ghsim.simulate import simulate
 
 H100 = load_hardware("h100-sxm")
@@ -140,15 +141,16 @@ def test_gpu_compute_bound_prunes_without_losing_the_best(cal):
 def test_bounds_and_dominance_never_change_the_ranking(cal, monkeypatch):
     """Multi-GPU: the same top plans, and no plan wrongly said not to fit, as a search that
     simulates every survivor in full (no branch and bound, no 'needs at least the memory of')."""
-    import ghsim.search as S
+    import ghsim.search.best_first as best_first
+    from ghsim.search.memory_order import NoFit
 
     model, hw = dataclasses.replace(load_model("llama-2-7b"), num_layers=8), load_hardware("a100-sxm-40gb")
     base = Plan(gpus=4, seq=4096, global_batch=16, framework=Framework.DEEPSPEED, optimizer_impl="fused")
     pins = dict(cuda_graphs=True, tp=1, pp=2, offload_ratio=1.0)
     fast = small_search(cal, base=base, model=model, hw=hw, **pins)
     assert fast.count(Status.BOUNDED) > 0 and fast.count(Status.NO_FIT) > 0
-    monkeypatch.setattr(S, "SCREEN_TOLERANCE", math.inf)
-    monkeypatch.setattr(S._NoFit, "dominates", lambda self, p: "")
+    monkeypatch.setattr(best_first, "SCREEN_TOLERANCE", math.inf)
+    monkeypatch.setattr(NoFit, "dominates", lambda self, p: "")
     full = small_search(cal, base=base, model=model, hw=hw, **pins)
     assert full.count(Status.BOUNDED) == 0
     assert [(e.plan, e.step_time_s) for e in fast.ranked[:3]] == [(e.plan, e.step_time_s) for e in full.ranked[:3]]
@@ -171,7 +173,7 @@ def test_a_time_limit_leaves_the_rest_unexplored(cal):
     ({"micro_batch": 1, "recompute": Recompute.FULL}, {"micro_batch": 2, "recompute": Recompute.NONE}),
 ])
 def test_memory_order_the_search_relies_on(cal, smaller, bigger):
-    """A plan that does not fit rules out the plans 'bigger' than it (search._NoFit)."""
+    """A plan that does not fit rules out the plans 'bigger' than it (search.memory_order.NoFit)."""
     base = Plan(gpus=4, pp=2, seq=1024, global_batch=8, framework=Framework.DEEPSPEED, optimizer_impl="fused")
     a = simulate(SMALL, H100, base.with_(**smaller), cal, keep_timeline=False)
     b = simulate(SMALL, H100, base.with_(**bigger), cal, keep_timeline=False)
@@ -189,7 +191,7 @@ OFFLOADED = frozenset({"optimizer", "grads", "activations"})
 ])
 def test_host_memory_order_the_search_relies_on(cal, smaller, bigger):
     """Host memory grows the other way with what is offloaded: a plan that overflows the host
-    rules out those offloading more (search._NoFit), not those offloading less."""
+    rules out those offloading more (search.memory_order.NoFit), not those offloading less."""
     base = Plan(gpus=4, pp=2, seq=1024, global_batch=8, framework=Framework.DEEPSPEED, optimizer_impl="fused",
                 zero=2, offload=OFFLOADED)
     a = simulate(SMALL, H100, base.with_(**smaller), cal, keep_timeline=False)
@@ -198,10 +200,10 @@ def test_host_memory_order_the_search_relies_on(cal, smaller, bigger):
 
 
 def test_a_host_overflow_does_not_rule_out_offloading_less(cal):
-    from ghsim.search import _NoFit
+    from ghsim.search.memory_order import NoFit
 
     hw = H100
-    no_fit = _NoFit(hw)
+    no_fit = NoFit(hw)
     plan = Plan(gpus=4, zero=2, offload=OFFLOADED | {"params"})
     no_fit.add(Evaluation(plan, Status.NO_FIT, hbm_peak_bytes=1e9, host_peak_bytes=2 * hw.host.capacity_bytes))
     assert no_fit.dominates(plan.with_(micro_batch=2)).startswith("host memory of micro-batch 1")
@@ -233,8 +235,8 @@ def test_plan_with_is_dataclasses_replace():
 
 def test_explanation_shows_the_nearest_value_that_loses():
     """'nearest plans that lose': of micro-batches 8 and 2 that do not fit, the one next to the best's 1."""
-    from ghsim.search import SearchResult
-    from ghsim.search_explain import why_best
+    from ghsim.search.core import SearchResult
+    from ghsim.search.explain import why_best
 
     best = Evaluation(BASE.with_(micro_batch=1), Status.FEASIBLE, step_time_s=1.0, tokens_per_s=1.0,
                       hbm_peak_bytes=1e9)
@@ -249,7 +251,8 @@ def test_best_first_screening_can_reach_every_survivor():
     """With a time limit, screening walks from seeds to their neighbours (one searched
     choice away). Every survivor must be reachable that way; a layout missing from the
     seeds (expert parallelism once was) left the best MoE plans unexplored."""
-    from ghsim.search import _neighbours, _prune, _seed_tiers, _Ticker, _valid
+    from ghsim.search.core import _prune, _Ticker, _valid
+    from ghsim.search.order import neighbours, seed_tiers
 
     model, hw = load_model("mixtral-8x7b"), H100
     base = dataclasses.replace(BASE, gpus=8, global_batch=32)
@@ -259,10 +262,10 @@ def test_best_first_screening_can_reach_every_survivor():
     plans = [p for p, _ in _valid(model, hw, survivors, _Ticker(None, 0))[0]]
     assert len({p.ep for p in plans}) > 1 and len({p.tp for p in plans}) > 1
     index = {p: j for j, p in enumerate(plans)}
-    reached = set(_seed_tiers(plans, [0.0] * len(plans), [()] * len(plans)))
+    reached = set(seed_tiers(plans, [0.0] * len(plans), [()] * len(plans)))
     frontier, tables = list(reached), {}
     while frontier:
-        for q in _neighbours(plans[frontier.pop()], index, tables):
+        for q in neighbours(plans[frontier.pop()], index, tables):
             if q not in reached:
                 reached.add(q)
                 frontier.append(q)
@@ -272,10 +275,10 @@ def test_best_first_screening_can_reach_every_survivor():
 def test_screening_order_alternates_and_exploits_only_near_the_top():
     """Seeds (by tier) and neighbours of good plans are taken in turn; a neighbour of a plan
     slower than the top plans' bar waits; stale entries (improved or settled) are dropped."""
-    from ghsim.search import _Order
+    from ghsim.search.order import Order
 
     keys = [1.0] * 6
-    order = _Order(keys, {0: 0, 1: 1}, [(j,) for j in range(6)])
+    order = Order(keys, {0: 0, 1: 1}, [(j,) for j in range(6)])
     assert order.take(2, math.inf) == [0, 1]  # no neighbours yet: seeds by tier, then the rest
     order.put_back([0, 1])
     order.near(4, 10.0)

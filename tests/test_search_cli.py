@@ -131,7 +131,7 @@ def test_no_progress_bar_when_not_a_terminal(calfile):
 
 
 def test_progress_bar_on_a_terminal_ends_once(capsys):
-    from ghsim.cli_plan import ProgressBar
+    from ghsim.cli.plan import ProgressBar
 
     bar = ProgressBar(enabled=True)
     for done in (0, 5, 10, 10):  # the search reports its total twice: when the last plan is judged, and done
@@ -161,7 +161,7 @@ def test_impossible_pins_are_refused_by_sweep():
 
 def test_plan_help_states_the_search_defaults():
     """The batch flags shared with simulate have other defaults in plan: searched, and 4 per GPU."""
-    from ghsim.search_space import default_global_batch
+    from ghsim.search.space import default_global_batch
 
     plan_help = " ".join(CliRunner().invoke(main, ["plan", "--help"]).output.split())
     assert "per micro-batch (default: searched)" in plan_help and "4 per GPU, at least 32" in plan_help
@@ -175,7 +175,7 @@ def test_pareto_labels_tell_offload_sets_apart():
     from itertools import combinations
 
     from ghsim.plan import Plan
-    from ghsim.search_plot import compact_label
+    from ghsim.search.plot import compact_label
 
     targets = ("optimizer", "grads", "params", "activations")
     sets = [frozenset(c) for n in range(len(targets) + 1) for c in combinations(targets, n)]

@@ -1,6 +1,6 @@
 """The analytic memory estimate the plan search prunes with, held against the simulator's replay.
 
-Contract (ghsim/memory_estimate.py): on single-GPU plans without offload the estimate lies
+Contract (ghsim/search/memory_estimate.py): on single-GPU plans without offload the estimate lies
 within MARGIN of the replayed HBM peak; on every plan simulate() accepts it is never above
 the peak by more than MARGIN, so "estimate > capacity x (1 + MARGIN)" proves a plan cannot fit.
 The agreement is checked at full depth; the safety property on models cut to a few
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from ghsim.errors import GhsimError
 from ghsim.hardware import load_hardware
-from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
+from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.simulate import simulate
 
 H100 = load_hardware("h100-sxm")

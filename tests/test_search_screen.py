@@ -11,7 +11,7 @@ import pytest
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
-from ghsim.search_screen import Status, compute_bound, evaluate
+from ghsim.search.screen import Status, compute_bound, evaluate
 from ghsim.simulate import simulate
 
 GH200 = load_hardware("gh200-96gb")

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from ghsim.cli import main
 from synthetic import TINY_MODEL_TOML
-from ghsim.sweep import COLUMNS, SweepTask, sweep, tasks_for, write_results
+from ghsim.search.sweep import COLUMNS, SweepTask, sweep, tasks_for, write_results
 
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ghsim.cli_trace import main, trace
-from ghsim.traces.synthetic import write_kineto, write_nsys_sqlite
+from ghsim.cli.trace import main, trace
+from synthetic_traces import write_kineto, write_nsys_sqlite
 
 CONTRACT_KEYS = {"gpu_busy_fraction", "idle_gaps", "kernel_share_by_category", "top_kernels", "memcpy",
                  "um_migration_share", "step_times_s"}

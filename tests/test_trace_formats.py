@@ -13,7 +13,7 @@ from ghsim.errors import GhsimError
 from ghsim.traces import load_trace, summarize
 from ghsim.traces import jsonstream
 from ghsim.traces.kineto import load_kineto, memcpy_kind, us_to_ns
-from ghsim.traces.synthetic import write_kineto, write_nsys_sqlite
+from synthetic_traces import write_kineto, write_nsys_sqlite
 
 
 def _copies(t, device=0) -> dict[str, tuple[int, int, int]]:

@@ -15,7 +15,7 @@ from ghsim.traces import (CATEGORIES, CopyInterval, KernelInterval, categorize, 
                           summarize_intervals)
 from ghsim.traces import intervals as iv
 from ghsim.traces.summary import parse_steps
-from ghsim.traces.synthetic import KERNELS, write_kineto
+from synthetic_traces import KERNELS, write_kineto
 
 # -- interval arithmetic against a brute-force reference --------------------------------------
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ghsim.errors import GhsimError
-from ghsim.validate import load_case, load_tolerances, summary, validate
+from ghsim.validate.cases import load_case, load_tolerances, summary, validate
 
 ROOT = Path(__file__).resolve().parent.parent / "validation"
 

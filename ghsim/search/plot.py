@@ -11,10 +11,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ghsim.hardware import GB  # noqa: E402
 from ghsim.plots import save  # noqa: E402
-from ghsim.search import SearchResult  # noqa: E402
-from ghsim.search_explain import pareto_front  # noqa: E402
-from ghsim.search_screen import Status  # noqa: E402
-from ghsim.search_space import LAYOUT  # noqa: E402
+from ghsim.search.core import SearchResult  # noqa: E402
+from ghsim.search.explain import pareto_front  # noqa: E402
+from ghsim.search.screen import Status  # noqa: E402
+from ghsim.search.space import LAYOUT  # noqa: E402
 
 
 

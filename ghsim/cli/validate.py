@@ -17,8 +17,8 @@ import click
 @click.option("--case", "only", default=None, help="Only cases whose folder name contains this.")
 def validate(folder: str, as_json: bool, plot_file: str | None, no_trace: bool, only: str | None) -> None:
     """Compare predictions with every measured case in FOLDER (default: validation)."""
-    from ghsim.validate import render, summary
-    from ghsim.validate import validate as run_validation
+    from ghsim.validate.cases import render, summary
+    from ghsim.validate.cases import validate as run_validation
 
     results = run_validation(Path(folder), with_trace=not no_trace, only=only)
     if plot_file:

@@ -5,7 +5,7 @@ new timestamp format, plain or gzipped) and returns what an importer must
 find in it; write_nsys_sqlite() builds an nsys export in one of several
 schema generations. Both are deterministic for a given seed.
 
-    python -m ghsim.traces.synthetic --bench 400      # ~400 MB trace: time and peak RSS
+    python tests/synthetic_traces.py --bench 400      # ~400 MB trace: time and peak RSS
 """
 
 from __future__ import annotations

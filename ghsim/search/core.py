@@ -1,8 +1,9 @@
 """`ghsim plan`'s engine: enumerate plans, prune by memory, simulate survivors, rank.
 
-    groups of candidates (search_space) ──> memory floor per group, estimate per plan
+    groups of candidates (space) ──> memory floor per group, estimate per plan
         (memory_estimate: prunes only what provably cannot fit)
-    ──> survivors screened on all cores (search_screen: small simulations, extrapolated)
+    ──> survivors screened on all cores, most promising first (best_first, order;
+        screen: small simulations, extrapolated)
     ──> the best few by the objective simulated in full, until no screened plan
         could still beat them ──> SearchResult (ranked, with every verdict counted)
 
@@ -14,40 +15,25 @@ lookups (memo_calibration); it lives as long as one search, in its workers.
 
 from __future__ import annotations
 
-import heapq
 import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Any, Callable, Iterable
 
 from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.errors import GhsimError
 from ghsim.hardware import Hardware
-from ghsim.memory_estimate import MARGIN, estimate_memory, may_fit
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan, Recompute
-from ghsim.search_screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
-from ghsim.search_space import LAYOUT, SEARCHED, Group, SearchSpace, groups
+from ghsim.plan import Plan
+from ghsim.search.best_first import screen_best_first
+from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit
+from ghsim.search.memory_order import recompute_rank
+from ghsim.search.objective import Objective, score
+from ghsim.search.screen import Evaluation, Status, compute_bound, evaluate, flops_lower_bound
+from ghsim.search.space import Group, SearchSpace, groups
 from ghsim.simulate import check_fit_to_model
-
-BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
-SCREEN_TOLERANCE = 0.01  # screened times lie within 1% of the full simulation (tests/test_search_screen.py)
-
-
-class Objective(str, Enum):
-    TIME = "time"  # step time
-    COST = "cost"  # dollars per million tokens
-    MEMORY = "memory"  # HBM headroom
-
-    @classmethod
-    def parse(cls, value: str) -> "Objective":
-        try:
-            return cls(value)
-        except ValueError:
-            raise GhsimError(f"unknown objective {value!r} (choose from {', '.join(o.value for o in cls)})") from None
 
 
 @dataclass(frozen=True)
@@ -93,14 +79,6 @@ class SearchResult:
     def score(self, e: Evaluation) -> tuple[float, float]:
         return score(e, self.objective, self.price_per_gpu_hour, self.hardware)
 
-
-def score(e: Evaluation, objective: Objective, price: float, hw: Hardware) -> tuple[float, float]:
-    """Sort key, smaller is better; ties broken by step time."""
-    if objective == Objective.MEMORY:
-        return (e.hbm_peak_bytes, e.step_time_s)
-    if objective == Objective.COST:
-        return (e.usd_per_mtok(price), e.step_time_s)
-    return (e.step_time_s, e.hbm_peak_bytes)
 
 
 # --- op costs remembered across plans -------------------------------------------------
@@ -163,7 +141,7 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
         primary = [s for s, t in zip(survivors, has_twin) if not t]
         twins = [s for s, t in zip(survivors, has_twin) if t]
         deadline = time.perf_counter() + time_limit if time_limit > 0 else math.inf
-        screened = _screen_best_first(runner, primary, objective, top, tick, deadline)
+        screened = screen_best_first(runner, primary, objective, top, tick, deadline)
         verdict = {e.plan: e for e in screened}
         again = []
         for p, est in twins:
@@ -175,220 +153,12 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
             else:
                 pruned_plans.append(_graphs_twin(p, est, twin))
         tick.add(len(twins) - len(again))
-        screened += _screen_best_first(runner, again, objective, top, tick, deadline)
+        screened += screen_best_first(runner, again, objective, top, tick, deadline)
         final, n_full = _confirm(runner, screened, objective, price, hw, top)
     feasible = sorted((e for e in final if e.feasible), key=lambda e: score(e, objective, price, hw))
     tick.done()
     return SearchResult(model, hw, base, objective, price, tuple(feasible), tuple(pruned_plans + final),
                         tuple(pruned_groups), n_candidates, time.perf_counter() - t0, n_full)
-
-
-def _screen_best_first(runner: "_Runner", survivors: list[tuple[Plan, Any]], objective: Objective, top: int,
-                       tick: "_Ticker", deadline: float = math.inf) -> list[Evaluation]:
-    """Screen survivors best-first, with branch and bound: once `top` plans are known, a
-    plan whose lower bound is worse than all of them cannot enter the ranking and is not
-    simulated.
-
-    Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
-    (free), by the compute kernels of the plan's class (search_screen.compute_bound,
-    two small simulations when the walk reaches a class of several plans) and, for a
-    multi-GPU plan, by its micro-batches in the middle of the step (simulate_parallel.
-    step_time_floor, inside the evaluation, before its memory); the HBM peak by the
-    memory estimate. Order (_Order): in turn a plan to explore (seeds first: one per
-    precision and layout, then one per ZeRO stage and offload set of each) and a neighbour
-    (one move away) of the best plans found, so that with a time limit the simulations go
-    where the good plans are.
-    Past the deadline the rest is unexplored.
-    """
-    if objective == Objective.MEMORY:
-        keys = [est.hbm_bytes / (1 + MARGIN) for _, est in survivors]
-        value = lambda e: e.hbm_peak_bytes  # noqa: E731
-        unit, scale, what = "GB", 1e-9, "HBM"
-    else:
-        keys = [runner.flops_bound(p) for p, _ in survivors]
-        value = lambda e: e.step_time_s  # noqa: E731
-        unit, scale, what = "s", 1.0, "GPU compute"
-    index = {p: j for j, (p, _) in enumerate(survivors)}
-    tables: dict[tuple, dict] = {}
-    cls = [compute_class(p) for p, _ in survivors] if unit == "s" else []
-    members: dict[Plan, int] = {}
-    for c in cls:
-        members[c] = members.get(c, 0) + 1
-    memory_order = [_memory_order(p) for p, _ in survivors]
-    class_bound: dict[Plan, float] = {}
-    order = _Order(keys, _seed_tiers([p for p, _ in survivors], keys, memory_order), memory_order)
-    pending = order.pending
-    no_fit = _NoFit(runner.hw)
-    wave = max(8, runner.jobs * 4)
-    out: list[Evaluation] = []
-    best: list[float] = []  # values of the feasible plans screened so far, ascending
-
-    def bound(j: int) -> float:
-        if unit != "s":
-            return keys[j]
-        c = cls[j]
-        if c not in class_bound:  # worth two small simulations only for a class with several plans
-            class_bound[c] = max(keys[j], runner.bounds([c])[0]) if members[c] >= BOUND_WORTH else keys[j]
-        return class_bound[c]
-
-    def set_aside(j: int, status: Status, why: str) -> None:
-        p, est = survivors[j]
-        out.append(Evaluation(p, status, why, est.hbm_bytes if est else math.nan))
-        pending.discard(j)
-        tick.add(1)
-
-    while pending:
-        bar = best[top - 1] * (1 + SCREEN_TOLERANCE) if len(best) >= top else math.inf
-        if time.perf_counter() > deadline and best:  # (never before a first plan fits)
-            for j in sorted(pending):
-                known = unit != "s" or cls[j] in class_bound
-                set_aside(j, Status.UNEXPLORED, "not simulated within the time limit" + (
-                    f" (needs at least {bound(j) * scale:.3g} {unit} of {what})" if known else ""))
-            break
-        batch = []
-        head = order.take(2 * wave, bar)
-        if unit == "s":  # the class bounds this round will ask for, on all cores at once
-            classes = {cls[j]: keys[j] for j in head if keys[j] <= bar}
-            todo = [c for c in classes if c not in class_bound and members[c] >= BOUND_WORTH]
-            for c, b in zip(todo, runner.bounds(todo) if len(todo) > 1 else ()):
-                class_bound[c] = max(classes[c], b)
-        k = 0
-        while len(batch) < wave:
-            if k == len(head):
-                head += order.take(wave, bar)  # past the head whose class bounds were fetched
-                if k == len(head):
-                    break
-            j = head[k]
-            k += 1
-            p = survivors[j][0]
-            bigger = no_fit.dominates(p)
-            if keys[j] > bar or bound(j) > bar:
-                set_aside(j, Status.BOUNDED, f"needs at least {bound(j) * scale:.3g} {unit} of {what} "
-                                             f"> {bar * scale:.3g} {unit} of the top {top}")
-            elif bigger:
-                set_aside(j, Status.NO_FIT, f"needs at least the {bigger}, which does not fit")
-            else:
-                batch.append(j)
-        order.put_back(head[k:])  # not reached this round
-        if not batch:
-            continue
-        pending.difference_update(batch)
-        # a time bar lets screening stop a plan after its first small simulations
-        evs = runner.evaluate([survivors[j] for j in batch], tick, bar=bar if unit == "s" else math.inf)
-        out += evs
-        for e in evs:
-            if e.status == Status.NO_FIT:
-                no_fit.add(e)
-            elif e.feasible:
-                for q in _neighbours(e.plan, index, tables):
-                    order.near(q, value(e))
-        best = sorted(best + [value(e) for e in evs if e.feasible])
-    return out
-
-
-class _Order:
-    """The order in which screening takes the pending plans: in turn the next to explore
-    (seeds by tier first, then the rest, each by its lower bound, the plans needing less memory
-    first among equals: if they do not fit, neither do the rest) and the next to exploit
-    (neighbours of the feasible plans found, by the value of the best such neighbour).
-
-    Two queues, not one: a bound sorts below any simulated value, so in one queue every
-    seed would come before every neighbour, and seeds alone can outnumber what a time
-    limit lets the search simulate (284 for llama-70b on 16 H100s, ~290 judged in 7 s).
-    """
-
-    def __init__(self, keys: list[float], seed_tiers: dict[int, int], memory_order: list[tuple]):
-        self.pending = set(range(len(keys)))
-        rest = len(SEED_TIERS)
-        # heap entries end (memory order, plan); explore's begin with (tier, bound), exploit's with a value
-        self.rank = {j: ((seed_tiers.get(j, rest), keys[j]), memory_order[j]) for j in self.pending}
-        self.explore = [(*self.rank[j], j) for j in self.pending]
-        heapq.heapify(self.explore)
-        self.exploit: list[tuple] = []
-        self.nearest: dict[int, float] = {}  # plan -> value of its best feasible neighbour so far
-
-    def near(self, j: int, value: float) -> None:
-        """Plan j is one move from a feasible plan of this value."""
-        if j in self.pending and value < self.nearest.get(j, math.inf):
-            self.nearest[j] = value
-            heapq.heappush(self.exploit, (value, self.rank[j][1], j))
-
-    def take(self, k: int, bar: float) -> list[int]:
-        """The next k pending plans, alternately from each queue (they stay pending: the
-        caller settles them, or puts them back); a neighbour only of a plan within `bar`
-        (the top plans' value): exploiting around mediocre plans spends what exploring
-        would use better. Entries of plans no longer pending, or whose neighbour value has
-        since improved, are stale and dropped."""
-        got: list[int] = []
-        while len(got) < k:
-            exploit_turn = len(got) % 2 == 0 or not self.explore
-            if self.exploit and self.exploit[0][0] <= bar and exploit_turn:
-                value, _, j = heapq.heappop(self.exploit)
-                fresh = value == self.nearest[j]
-            elif self.explore:
-                j, fresh = heapq.heappop(self.explore)[-1], True
-            else:
-                break
-            if fresh and j in self.pending and j not in got:
-                got.append(j)
-        return got
-
-    def put_back(self, plans: list[int]) -> None:
-        for j in plans:
-            heapq.heappush(self.explore, (*self.rank[j], j))
-            if j in self.nearest:
-                heapq.heappush(self.exploit, (self.nearest[j], self.rank[j][1], j))
-
-
-# A layout is never a neighbour move (changing it changes every op and collective):
-# each layout has seeds of its own instead, so a time-limited search reaches them all.
-# Seed tiers, by the choices a seed stands for: first each precision and layout, then
-# each ZeRO stage and offload set of those.
-SEED_TIERS = (("precision", *LAYOUT), ("precision", *LAYOUT, "zero", "offload"))
-# A move changes one searched choice, or the micro-batch and recompute together: a larger
-# micro-batch often fits only with more recompute, and under ZeRO-3 or offload fewer
-# micro-batches move less, so the best plan can lie past a slow plan of single moves
-# (llama-2-70b on 8 H200: micro-batch 1 -> 8 with full recompute, 20.5 -> 16.7 s/step).
-_MOVES = tuple((d,) for d in SEARCHED if d not in LAYOUT) + (("micro_batch", "recompute"),)
-
-
-def _seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple]) -> dict[int, int]:
-    """Where best-first screening starts: plan index -> its tier in SEED_TIERS, for the plan
-    of each combination with the fewest FLOPs and the least memory (likeliest to fit).
-    Neighbour moves never change the layout, so every layout must be looked at early;
-    seeing one plan of a layout lets its neighbours lead to the layout's best."""
-    tiers: dict[int, int] = {}
-    seen: set[tuple] = set()
-    for j in sorted(range(len(plans)), key=lambda j: (keys[j], memory_order[j])):
-        for tier, dims in enumerate(SEED_TIERS):
-            combination = (tier, *(getattr(plans[j], d) for d in dims))
-            if combination not in seen:
-                seen.add(combination)
-                tiers.setdefault(j, tier)
-    return tiers
-
-
-def _neighbours(plan: Plan, index: dict[Plan, int], tables: dict[tuple, dict]) -> list[int]:
-    """Survivors one move away from `plan` (by index); `tables` holds, per move, the
-    survivors grouped by everything the move leaves alone (built on first use, per search)."""
-    out = []
-    for move in _MOVES:
-        if move not in tables:
-            table: dict[Plan, dict[tuple, int]] = {}
-            for p, j in index.items():
-                table.setdefault(_without(p, move), {})[_values(p, move)] = j
-            tables[move] = table
-        mine = _values(plan, move)
-        out += [j for values, j in tables[move].get(_without(plan, move), {}).items() if values != mine]
-    return out
-
-
-def _values(plan: Plan, dims: tuple[str, ...]) -> tuple:
-    return tuple(getattr(plan, d) for d in dims)
-
-
-def _without(plan: Plan, dims: tuple[str, ...]) -> Plan:
-    return plan.with_(**{d: getattr(Plan, d) for d in dims})  # the class default stands in for "any value"
 
 
 def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker"):
@@ -402,7 +172,7 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
         for um in g.unified_memory:
             base = g.base.with_(unified_memory=um)
             sub_size = g.size // len(g.unified_memory)
-            floor_plan = base.with_(micro_batch=g.micro_batches[0], recompute=min(g.recomputes, key=_recompute_rank))
+            floor_plan = base.with_(micro_batch=g.micro_batches[0], recompute=min(g.recomputes, key=recompute_rank))
             floor = estimate_memory(model, hw, floor_plan)
             if not may_fit(replace(floor, hbm_bytes=floor.floor_bytes), hw, base):
                 reason = _why(floor, hw, base, floor=True)
@@ -470,63 +240,6 @@ def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick
         plans = {p for p, _ in survivors}
     tick.add(len(same))
     return survivors, same
-
-
-_RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}  # activations kept: full <= selective <= none
-
-
-def _memory_order(p: Plan) -> tuple:
-    return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, -len(p.offload), p.offload_ratio)
-
-
-def _recompute_rank(rc: Recompute) -> int:
-    return _RECOMPUTE_MEMORY.get(rc.value, 0)
-
-
-class _NoFit:
-    """Plans that do not fit, so that plans needing at least as much of the same memory are
-    not simulated.
-
-    "At least as much" is the physical partial order every memory model here follows
-    (tests/test_search.py checks it on the simulator). HBM: a larger micro-batch, less
-    recompute, a subset of the offloaded state, a smaller offload ratio. Host memory: a
-    larger micro-batch, less recompute, a superset of the offloaded state, a larger offload
-    ratio. CUDA graphs change no memory. All other choices must be equal, the ZeRO stage
-    too: less sharding does not always hold more (ZeRO-1 adds DeepSpeed's reduce bucket,
-    and saves nothing when the optimizer state is offloaded anyway).
-    """
-
-    def __init__(self, hw: Hardware) -> None:
-        self.capacity = {"HBM": hw.hbm.capacity_bytes, "host": hw.host.capacity_bytes}
-        self.failed: dict[str, dict[Plan, list[tuple]]] = {"HBM": {}, "host": {}}
-
-    @staticmethod
-    def _key(p: Plan) -> Plan:
-        return p.with_(micro_batch=1, recompute=Recompute.FULL, cuda_graphs=False, offload=frozenset(),
-                       offload_ratio=1.0)
-
-    @staticmethod
-    def _coords(p: Plan) -> tuple:
-        return (p.micro_batch, _RECOMPUTE_MEMORY.get(p.recompute.value, 0), p.offload, p.offload_ratio)
-
-    def add(self, e: Evaluation) -> None:
-        """Record the tiers `e` overflows (under unified memory the HBM cannot: pages spill)."""
-        peaks = {"HBM": math.nan if e.plan.unified_memory else e.hbm_peak_bytes, "host": e.host_peak_bytes}
-        for tier, peak in peaks.items():
-            if peak > self.capacity[tier]:
-                self.failed[tier].setdefault(self._key(e.plan), []).append(self._coords(e.plan))
-
-    def dominates(self, p: Plan) -> str:
-        mb, rc, off, r = self._coords(p)
-        for tier, failed in self.failed.items():
-            for fmb, frc, foff, fr in failed.get(self._key(p), ()):
-                offloads = off <= foff and r <= fr if tier == "HBM" else off >= foff and r >= fr
-                if mb >= fmb and rc >= frc and offloads:
-                    what = [f"micro-batch {fmb}", [k for k, v in _RECOMPUTE_MEMORY.items() if v == frc][0] + " recompute"]
-                    if foff:
-                        what.append("offload " + ",".join(sorted(foff)) + (f" ratio {fr:g}" if fr != 1 else ""))
-                    return f"{tier} memory of " + ", ".join(what)
-        return ""
 
 
 def _plans(items: list[tuple[Plan, Any]]) -> set[Plan]:

@@ -7,20 +7,20 @@ from typing import Any
 
 import click
 
-from ghsim.cli import plan_from_flags, plan_options
+from ghsim.cli.options import plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
 def _best_plan_finder():
-    """Each hardware's best plan from the plan search (ghsim/search.py), around the given plan
+    """Each hardware's best plan from the plan search (ghsim/search/), around the given plan
     (which fixes GPUs, sequence, global batch and LoRA rank), ranked by step time."""
     try:
-        from ghsim.search import default_jobs, search
-        from ghsim.search_space import default_space
+        from ghsim.search.core import default_jobs, search
+        from ghsim.search.space import default_space
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("ghsim.search"):
             raise
-        raise GhsimError("--best needs the plan search (ghsim/search.py), which this build does not have") from None
+        raise GhsimError("--best needs the plan search (ghsim/search/), which this build does not have") from None
 
     def best(model, hw, plan) -> dict[str, Any] | None:
         result = search(model, hw, plan, default_space(model, hw, plan), jobs=default_jobs())

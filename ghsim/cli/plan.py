@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from ghsim.cli import _FLAG_TO_FIELD, plan_from_flags, plan_options
+from ghsim.cli.options import FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
-from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
+from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
 PRECISIONS_OPTION = ",".join(p.value for p in DEFAULT_PRECISIONS)
 from ghsim.tomlio import write_text
@@ -63,7 +63,7 @@ def base_and_pins(kw: dict[str, Any]):
     """The given plan fields (gpus, seq, batch, LoRA, software), the pinned search dimensions,
     and the user's own plan when a plan.toml or ds_config.json was given."""
     from ghsim.plan import check_values, plan_from_dict
-    from ghsim.search_space import default_global_batch
+    from ghsim.search.space import default_global_batch
 
     baseline = None
     if kw.get("plan_file") or kw.get("ds_file"):
@@ -71,7 +71,7 @@ def base_and_pins(kw: dict[str, Any]):
         given = baseline
     else:
         fields = {f: kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
-                  for flag, f in _FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}
+                  for flag, f in FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}
         given = plan_from_dict(fields, "plan")
         if kw.get("framework") is None:
             given = given.with_(framework=DEFAULT_FRAMEWORK)
@@ -81,7 +81,7 @@ def base_and_pins(kw: dict[str, Any]):
         given = given.with_(global_batch=default_global_batch(given.gpus))
     pins: dict[str, Any] = {}
     explicit = plan_from_flags({k: v for k, v in kw.items() if k not in ("plan_file", "ds_file")})
-    for flag, f in _FLAG_TO_FIELD.items():
+    for flag, f in FLAG_TO_FIELD.items():
         if f in _PINNABLE and kw.get(flag) is not None:
             pins[f] = getattr(explicit, f)
     check_values(given)
@@ -124,9 +124,10 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Precision
-    from ghsim.search import Objective, default_jobs, search
-    from ghsim.search_explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
-    from ghsim.search_space import default_space, pin
+    from ghsim.search.core import default_jobs, search
+    from ghsim.search.objective import Objective
+    from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
+    from ghsim.search.space import default_space, pin
 
     goal = Objective.parse(objective)
     if top < 1:
@@ -149,8 +150,8 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
                     progress=ProgressBar(progress), time_limit=time_limit)
     base_eval = None
     if baseline is not None:
-        from ghsim.search import memo_calibration
-        from ghsim.search_screen import evaluate
+        from ghsim.search.core import memo_calibration
+        from ghsim.search.screen import evaluate
 
         from ghsim.cost.calibration import load_calibration
 
@@ -170,7 +171,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
 
             write_text(trace_file, json.dumps(chrome_trace(simulate(model, hw, best.plan, cal))))
         if plot_file:
-            from ghsim.search_plot import plot_pareto
+            from ghsim.search.plot import plot_pareto
 
             plot_pareto(result, plot_file)
     advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
@@ -219,9 +220,10 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
     """Search the best plan for every model x hardware x cluster size (locally or on Dask)."""
     import pandas as pd
 
-    from ghsim.search import Objective, default_jobs
-    from ghsim.sweep import sweep as run_sweep
-    from ghsim.sweep import pinned_values, tasks_for, write_results
+    from ghsim.search.core import default_jobs
+    from ghsim.search.objective import Objective
+    from ghsim.search.sweep import sweep as run_sweep
+    from ghsim.search.sweep import pinned_values, tasks_for, write_results
 
     Objective.parse(objective)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ghsim.errors import GhsimError
-from ghsim.search_space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS
+from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS
 
 COLUMNS = ("model", "hardware", "gpus", "status", "step_time_s", "tokens_per_s", "mfu", "gpu_utilization",
            "hbm_peak_gb", "host_peak_gb", "usd_per_mtok", "flags", "n_evaluated", "n_feasible", "elapsed_s", "error")
@@ -46,9 +46,10 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Framework, Plan, Precision, check_values
-    from ghsim.search import Objective, search
-    from ghsim.search_explain import reproduce_flags
-    from ghsim.search_space import default_global_batch, default_space, pin
+    from ghsim.search.core import search
+    from ghsim.search.objective import Objective
+    from ghsim.search.explain import reproduce_flags
+    from ghsim.search.space import default_global_batch, default_space, pin
 
     row: dict[str, Any] = {c: None for c in COLUMNS}
     row.update(model=task.model, hardware=task.hardware, gpus=task.gpus)

@@ -8,12 +8,13 @@ import operator
 from typing import Any
 
 from ghsim.hardware import GB, Hardware, load_hardware, profile_names
-from ghsim.memory_estimate import MARGIN, estimate_memory
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
-from ghsim.search import Objective, SearchResult
-from ghsim.search_screen import Evaluation, Status
-from ghsim.search_space import LAYOUT, SEARCHED
+from ghsim.search.core import SearchResult
+from ghsim.search.memory_estimate import MARGIN, estimate_memory
+from ghsim.search.objective import Objective
+from ghsim.search.screen import Evaluation, Status
+from ghsim.search.space import LAYOUT, SEARCHED
 
 
 

@@ -26,10 +26,10 @@ from ghsim.cost.calibration import Calibration
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES
 from ghsim.hardware import GB, Hardware
-from ghsim.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report import StepReport
+from ghsim.search.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.simulate import check_fit_to_model, model_flops, simulate
 from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory, step_time_floor
 

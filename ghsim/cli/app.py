@@ -1,0 +1,47 @@
+"""The `ghsim` command line. It only parses, calls and renders; errors become one line + exit 2."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ghsim.cli.calibrate import calibrate
+from ghsim.cli.catalog import hardware, models
+from ghsim.cli.compare import compare
+from ghsim.cli.plan import plan, sweep
+from ghsim.cli.simulate import simulate
+from ghsim.cli.trace import trace
+from ghsim.cli.validate import validate
+from ghsim.errors import GhsimError
+
+
+class GhsimGroup(click.Group):
+    """Turns GhsimError (and click's usage errors) into one line on stderr and exit code 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except GhsimError as e:
+            click.echo(f"ghsim: error: {e}", err=True)
+            sys.exit(2)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("ghsim: aborted", err=True)
+            sys.exit(1)
+        except click.ClickException as e:
+            click.echo(f"ghsim: error: {e.format_message()}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=GhsimGroup)
+@click.version_option(package_name="ghsim")
+def main() -> None:
+    """Predict LLM training steps on Grace Hopper (GH200) and PCIe/SXM Hopper GPUs."""
+
+
+for _command in (simulate, models, hardware, plan, sweep, compare, validate, trace, calibrate):
+    main.add_command(_command)

@@ -1,0 +1,44 @@
+"""`ghsim simulate`: one training step, as a table, JSON, a Chrome trace or a plot."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.tomlio import write_text
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2))
+
+
+@click.command()
+@plan_options
+@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--trace", "trace_file", type=click.Path(), default=None, help="Write the timeline as a Chrome trace.")
+@click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw timeline and memory to a PNG.")
+def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
+    """Simulate one training step and report time, memory and utilization."""
+    from ghsim.hardware import load_hardware
+    from ghsim.model import load_model
+    from ghsim.report import chrome_trace, render_table
+    from ghsim.simulate import simulate as run_simulation
+
+    model = load_model(kw["model_name"])
+    hw = load_hardware(hardware_name)
+    plan = plan_from_flags(kw)
+    report = run_simulation(model, hw, plan)
+    if trace_file:
+        write_text(trace_file, json.dumps(chrome_trace(report)))
+    if plot_file:
+        from ghsim.plots import plot_step
+
+        plot_step(report, plot_file)
+    if as_json:
+        _echo_json(report.to_dict())
+    else:
+        click.echo(render_table(report))
