@@ -46,7 +46,7 @@ from ghsim.graph.parallel import (
     build_microbatch,
     stage_params,
 )
-from ghsim.graph.states import check_host_capacity, rank_states
+from ghsim.graph.states import check_host_capacity, kept_states, rank_states
 from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
@@ -552,7 +552,7 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
 
 def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int) -> dict:
     """Params, gradients, masters and optimizer state one GPU of stage d holds, as the ZeRO paper counts them."""
-    states = rank_states(plan, layout.dp, stage_params(model, plan, layout, d)).states
+    states = kept_states(plan, layout.dp, stage_params(model, plan, layout, d))
     return {k: float(v) for k, v in states.items()}
 
 

@@ -166,8 +166,10 @@ class ChunkParams:
         return 1.0 - (self.embedding_params + self.head_params) / self.params if self.params else 0.0
 
 
-def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk) -> ChunkParams:
-    local = rank_shard(model, layout)
+def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
+                 local: ModelSpec | None = None) -> ChunkParams:
+    """`local`: rank_shard(model, layout), when the caller has it."""
+    local = local or rank_shard(model, layout)
     per_layer = local.layer_params
     counts = param_counts(local, plan)
     trainable_per_layer = counts.trainable / local.num_layers if plan.lora_rank else per_layer
@@ -186,12 +188,15 @@ def stage_chunks(layout: Layout, stage: int) -> list[tuple[bool, bool]]:
     return [(j == 0, j == J - 1) for j in range(stage, J, layout.pp)]
 
 
-def stage_params(model: ModelSpec, plan: Plan, layout: Layout, stage: int) -> StageParams:
-    """The parameters one GPU of pipeline stage `stage` holds, over its chunks."""
+def stage_params(model: ModelSpec, plan: Plan, layout: Layout, stage: int,
+                 local: ModelSpec | None = None) -> StageParams:
+    """The parameters one GPU of pipeline stage `stage` holds, over its chunks (`local`: the
+    rank's shard, when the caller has it)."""
     per_chunk = model.num_layers // layout.chunks
+    local = local or rank_shard(model, layout)
     params = trainable = outside = 0.0
     for first, last in stage_chunks(layout, stage):
-        cp = chunk_params(model, plan, layout, Chunk(per_chunk, first, last))
+        cp = chunk_params(model, plan, layout, Chunk(per_chunk, first, last), local)
         params, trainable = params + cp.params, trainable + cp.trainable
         outside += cp.embedding_params + cp.head_params
     return StageParams(params, trainable, 1.0 - outside / params if params else 0.0)

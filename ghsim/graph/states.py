@@ -11,8 +11,8 @@ the account says
   come and go with the op graph),
 - `host`: what its offload keeps in host memory all step (every GPU of a node
   holds its own: `host_per_node`),
-- `states`: the model state it keeps on the GPU, as the ZeRO paper counts it
-  (the report's "model_state_bytes").
+and `kept_states` the model state it keeps on the GPU, as the ZeRO paper counts
+it (the report's "model_state_bytes").
 
 The simulator's memory replay, its host report and check, and the plan search's
 fast estimate (memory_estimate.py) all read it.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
-from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, resolve
+from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup, resolve
 from ghsim.graph.step import param_counts
 from ghsim.graph.transformer import Dtypes
 from ghsim.hardware import Hardware
@@ -73,8 +73,6 @@ class RankStates:
 
     hbm: dict[str, float]  # on HBM from the start of the step
     host: dict[str, float]  # in host memory all step, for this GPU's offloaded share
-    states: dict[str, float]  # model state kept on the GPU, as the ZeRO paper counts it
-
     def host_per_node(self, node_gpus: int) -> float:
         return sum(self.host.values()) * node_gpus
 
@@ -131,7 +129,7 @@ def layer_param_share(model: ModelSpec) -> float:
 
 
 def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
-                    grads_are_shards: bool = True) -> dict[str, float]:
+                    grads_are_shards: bool = True, setup: OffloadSetup | None = None) -> dict[str, float]:
     """The model state a GPU keeps under the plan's offload, from what it keeps without it.
 
     The GPU keeps (1 - cpu_share) of the fp32 masters and AdamW moments; when the
@@ -140,8 +138,9 @@ def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
     offloaded parameters, only those outside the decoder layers (`layer_share` is
     the share inside them), the layers being fetched per use. `grads_are_shards`:
     "grads" is a persistent partition, not the full gradients backward creates.
+    `setup`: resolve(plan), when the caller has it.
     """
-    setup = resolve(plan)
+    setup = setup or resolve(plan)
     out = dict(states)
     keep = 1.0 - setup.cpu_share
     moved = ["master_params", "optimizer_states"] if setup.optimizer else []
@@ -157,9 +156,10 @@ def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
     return out
 
 
-def host_static_bytes(plan: Plan, trainable: float, total: float) -> dict[str, float]:
+def host_static_bytes(plan: Plan, trainable: float, total: float,
+                      setup: OffloadSetup | None = None) -> dict[str, float]:
     """Host memory one GPU's offload holds all step (pinned unless the plan says pageable)."""
-    setup = resolve(plan)
+    setup = setup or resolve(plan)
     out: dict[str, float] = {}
     if setup.optimizer and setup.cpu_share > 0:
         p = setup.cpu_share * trainable / setup.shard
@@ -203,15 +203,22 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
 
 def rank_states(plan: Plan, dp: int, stage: StageParams) -> RankStates:
     """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state."""
-    unoffloaded = plan.with_(offload=frozenset())
-    hbm = resident_states(model_state_bytes(stage.params, stage.trainable, unoffloaded, dp), plan, stage.layer_share)
+    setup, unoffloaded = resolve(plan), plan.with_(offload=frozenset())
+    hbm = resident_states(model_state_bytes(stage.params, stage.trainable, unoffloaded, dp), plan, stage.layer_share,
+                          setup=setup)
     buckets = comm_buckets(plan, dp, stage.trainable)
     if buckets:
         hbm["comm_buckets"] = buckets
+    return RankStates(hbm, host_static_bytes(plan, stage.trainable, stage.params, setup))
+
+
+def kept_states(plan: Plan, dp: int, stage: StageParams) -> dict[str, float]:
+    """The model state one GPU of a stage keeps on the GPU, as the ZeRO paper counts it (the
+    report's "model_state_bytes"): rank_states' fragments with the full gradients backward
+    creates, without the buckets."""
     zero = plan.zero if dp > 1 else 0
-    states = resident_states(model_states(stage.params, stage.trainable, unoffloaded, dp), plan,
-                             stage.layer_share, grads_are_shards=zero >= 2)
-    return RankStates(hbm, host_static_bytes(plan, stage.trainable, stage.params), states)
+    return resident_states(model_states(stage.params, stage.trainable, plan.with_(offload=frozenset()), dp), plan,
+                           stage.layer_share, grads_are_shards=zero >= 2)
 
 
 def single_gpu_states(model: ModelSpec, plan: Plan) -> RankStates:
@@ -229,4 +236,4 @@ def single_gpu_states(model: ModelSpec, plan: Plan) -> RankStates:
         hbm["fp8_scales"] = 0.0
     hbm = resident_states(hbm, plan, layer_param_share(model))
     host = host_static_bytes(plan, counts.trainable, counts.total)
-    return RankStates(hbm, host, {k: v for k, v in hbm.items() if v})
+    return RankStates(hbm, host)
