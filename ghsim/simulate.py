@@ -7,14 +7,14 @@ from __future__ import annotations
 from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
-from ghsim.graph.offload import adjust_static_hbm, check_host_capacity, check_offload
-from ghsim.graph.offload import host_static_bytes as offload_host_static
+from ghsim.graph.offload import check_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, resident_peak
 from ghsim.host_summary import offload_section, per_node, unified_memory_section
 from ghsim.errors import GhsimError
 from ghsim.graph.parallel import check_layout
-from ghsim.graph.step import build_step, param_counts, static_bytes
+from ghsim.graph.states import check_host_capacity, single_gpu_states
+from ghsim.graph.step import build_step
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
@@ -67,14 +67,12 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     check_offload(plan)
     cal = calibration or load_calibration(hw.calibration)
     host_side = HostSide.of(hw, plan, cal)  # per-GPU shares of host link, CPU and host memory
-    counts = param_counts(model, plan)
-    host_static = offload_host_static(model, plan, counts.trainable, counts.total)  # per GPU
+    account = single_gpu_states(model, plan)
+    host_static = account.host  # per GPU
     check_host_capacity(host_static, host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
     cost = CostModel(hw, cal, host_side, LaunchCosts.of(hw, cal, plan))
     graph = build_step(model, plan, price=cost.duration)
-    hbm_static = adjust_static_hbm(static_bytes(model, plan),
-                                   static_bytes(model, plan.with_(offload=frozenset())).get("optimizer_states", 0.0),
-                                   model, plan)
+    hbm_static = account.hbm
     um = None
     if plan.unified_memory:  # pages beyond HBM spill to the host and come back on demand
         graph, um = apply_unified_memory(graph, hbm_static, hw, cost.duration)

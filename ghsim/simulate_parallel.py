@@ -34,7 +34,7 @@ import numpy as np
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
-from ghsim.graph.offload import check_host_capacity, check_offload, host_static_bytes, resident_states
+from ghsim.graph.offload import check_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
 from ghsim.graph import ops as K
@@ -43,18 +43,15 @@ from ghsim.graph.parallel import (
     Chunk,
     Layout,
     MicrobatchGraph,
-    StateBytes,
-    bucket_bytes,
     build_microbatch,
-    chunk_params,
-    model_state_bytes,
-    model_states,
+    stage_params,
 )
+from ghsim.graph.states import check_host_capacity, kept_states, rank_states
 from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan
+from ghsim.plan import Plan
 from ghsim.report import BREAKDOWN_KEYS, Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
@@ -342,9 +339,8 @@ def check_host_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPric
     """Every GPU of a node holds its own shard of the offloaded state: refuse what the node cannot hold."""
     if not resolve_offload(plan).any:
         return
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
-    per_chunk = model.num_layers // layout.chunks
-    need = max((_stage_host_static(model, plan, layout, d, kind_of, per_chunk) for d in range(layout.pp)),
+    layout = rank.layout
+    need = max((rank_states(plan, layout.dp, stage_params(model, plan, layout, d)).host for d in range(layout.pp)),
                key=lambda st: sum(st.values()))
     check_host_capacity(need, rank.host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
 
@@ -377,7 +373,7 @@ def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) 
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
     per_chunk = model.num_layers // layout.chunks
     finals = {kind: chunk_graph(model, plan, rank, per_chunk, kind, True) for kind in set(kind_of)}
-    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, per_chunk, rank.host_side.node_gpus)
+    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, rank.host_side.node_gpus)
               for d in range(layout.pp)]
     worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
     memory = StepMemory(stages, worst, ())
@@ -438,7 +434,7 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
         "stages": [{"stage": d, "busy_s": busy[d], "idle_s": step_time - busy[d],
                     "hbm_peak_bytes": stage_mem[d][0].peak_bytes,
                     "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()},
-                    "model_state_bytes": _stage_model_states(model, plan, layout, d, kind_of, per_chunk)}
+                    "model_state_bytes": _stage_model_states(model, plan, layout, d)}
                    for d in range(pp)],
         "microbatch": {("first" if k[0] else "") + ("last" if k[1] else "") or "middle":
                        {"forward_s": r[0].times["t_fwd"], "backward_s": r[0].times["t_bwd"] - r[0].times["t_fwd"],
@@ -521,42 +517,17 @@ def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | 
     return run.segments["fwd" if seg.endswith("fwd") else "bwd"]
 
 
-def _stage_params(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int
-                  ) -> tuple[float, float, float]:
-    """Parameters, trainable parameters and the share inside decoder layers, of one GPU of stage d."""
-    params = trainable = outside = 0.0
-    for c in range(layout.interleave):
-        cp = chunk_params(model, plan, layout, Chunk(per_chunk, *kind_of[c * layout.pp + d]))
-        params, trainable = params + cp.params, trainable + cp.trainable
-        outside += cp.embedding_params + cp.head_params
-    return params, trainable, (1.0 - outside / params if params else 0.0)
-
-
-def _stage_host_static(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int
-                       ) -> dict[str, float]:
-    """Host memory one GPU of stage d holds all step for its offloaded shard."""
-    params, trainable, _ = _stage_params(model, plan, layout, d, kind_of, per_chunk)
-    return host_static_bytes(model, plan, trainable, params)
-
-
 def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_by_kind, kind_of,
-                  per_chunk: int, node_gpus: int) -> tuple[TierPeak, TierPeak]:
-    """HBM of one GPU of stage d: its model state (ZeRO shards, less what is offloaded), the
-    kernel-level replay of its final micro-batch, and the activations of the other micro-batches
-    1F1B keeps in flight (on the host, when activations are offloaded). Host memory: the node's,
-    every GPU of it holding what this one holds."""
+                  node_gpus: int) -> tuple[TierPeak, TierPeak]:
+    """HBM of one GPU of stage d: what it holds from the start (graph/states.py: its model state,
+    less what is offloaded, and its framework's buckets), the kernel-level replay of its final
+    micro-batch, and the activations of the other micro-batches 1F1B keeps in flight (on the
+    host, when activations are offloaded). Host memory: the node's, every GPU of it holding
+    what this one holds."""
     pp, v, M = layout.pp, layout.interleave, plan.grad_accum
     js = [c * pp + d for c in range(v)]
-    params, trainable, layer_share = _stage_params(model, plan, layout, d, kind_of, per_chunk)
-    static = resident_states(model_state_bytes(params, trainable, plan.with_(offload=frozenset()), layout.dp),
-                             plan, layer_share)
-    zero = plan.zero if layout.dp > 1 else 0
-    if layout.dp > 1 and zero == 0 and plan.framework == Framework.TORCH_AMP:
-        # DDP copies gradients into its own flat buckets (gradient_as_bucket_view=False, the default)
-        static["comm_buckets"] = trainable * StateBytes.of(plan).grads
-    elif layout.dp > 1 and zero >= 1 and plan.framework == Framework.DEEPSPEED:
-        # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer)
-        static["comm_buckets"] = min(bucket_bytes(plan, 0.0), trainable * StateBytes.of(plan).grads)
+    account = rank_states(plan, layout.dp, stage_params(model, plan, layout, d))
+    static = account.hbm
     finals = [finals_by_kind[kind_of[j]] for j in js]
     saved = [mb.saved_bytes for mb in finals]
     inflight, _count = peak_inflight_bytes(pp, v, M, d, saved)
@@ -572,19 +543,17 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
         peak = hbm_peak(mem_ops, static)
         if worst_peak is None or peak.peak_bytes > worst_peak.peak_bytes:
             worst_peak, worst, host_extra = peak, mb, max(0.0, host_inflight - host_saved[c])
-    host_static = host_static_bytes(model, plan, trainable, params)
+    host_static = dict(account.host)
     if host_extra:
         host_static["pipeline_offloaded_activations"] = host_extra
     host = per_node(host_peak(worst.graph.ops, host_static), node_gpus)
     return worst_peak, host
 
 
-def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int, kind_of, per_chunk: int) -> dict:
+def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int) -> dict:
     """Params, gradients, masters and optimizer state one GPU of stage d holds, as the ZeRO paper counts them."""
-    params, trainable, layer_share = _stage_params(model, plan, layout, d, kind_of, per_chunk)
-    states = model_states(params, trainable, plan.with_(offload=frozenset()), layout.dp)
-    zero = plan.zero if layout.dp > 1 else 0
-    return {k: float(v) for k, v in resident_states(states, plan, layer_share, grads_are_shards=zero >= 2).items()}
+    states = kept_states(plan, layout.dp, stage_params(model, plan, layout, d))
+    return {k: float(v) for k, v in states.items()}
 
 
 def _mem_marker(tag: str, nbytes: float) -> Op:

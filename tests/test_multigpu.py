@@ -9,7 +9,8 @@ import pytest
 
 from ghsim.cost.links import NVLINK_HOP_S, Fabric, Group, collective_time
 from ghsim.errors import GhsimError
-from ghsim.graph.parallel import Chunk, Layout, build_microbatch, model_states
+from ghsim.graph.parallel import Chunk, Layout, build_microbatch
+from ghsim.graph.states import model_states
 from ghsim.graph.pipeline import FWD, peak_inflight_bytes, stage_order
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model

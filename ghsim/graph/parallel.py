@@ -29,6 +29,7 @@ from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards
 from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, param_counts, priced_templates
 from ghsim.graph.transformer import Dtypes, LayerSplit
 from ghsim.hardware import Hardware
@@ -137,72 +138,6 @@ def rank_shard(model: ModelSpec, layout: Layout) -> ModelSpec:
                    vocab_size=math.ceil(model.vocab_size / tp), moe=moe)
 
 
-# --- model state per GPU ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes per parameter of each model-state fragment before any sharding.
-
-    torch-amp: fp32 params and grads, AdamW moments (8 B). deepspeed: bf16/fp16
-    params and grads, fp32 master copy and moments (2 + 2 + 12: the ZeRO
-    paper's K = 12). fsdp-mixed: the fp32 flat parameters are the masters; the
-    bf16 parameters exist only gathered (ZeRO-3) or from forward to backward.
-    """
-
-    params: float
-    grads: float
-    master: float
-    optimizer: float = 8.0
-
-    @staticmethod
-    def of(plan: Plan) -> "StateBytes":
-        dt = Dtypes.of(plan)
-        if plan.lora_rank or dt.param == 4:
-            return StateBytes(dt.param, dt.grad, 0.0)
-        if plan.framework == Framework.FSDP_MIXED and plan.zero >= 3:
-            return StateBytes(0.0, dt.grad, 4.0)
-        return StateBytes(dt.param, dt.grad, 4.0)
-
-
-def model_states(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
-    """Per-GPU bytes of each model-state fragment, as the ZeRO paper counts them (Sec. 5):
-    stage 1 shards the optimizer state (and fp32 masters) over dp ranks, 2 also the
-    gradients, 3 also the parameters."""
-    z = plan.zero if dp > 1 else 0
-    sb = StateBytes.of(plan)
-    frozen = params - trainable
-    out = {"params": (trainable * sb.params + frozen * Dtypes.of(plan).param) / (dp if z >= 3 else 1)}
-    if plan.lora_rank:
-        out["params"] += trainable * 4 / (dp if z >= 3 else 1)
-    out["grads"] = trainable * sb.grads / (dp if z >= 2 else 1)
-    if z == 1 and plan.framework == Framework.DEEPSPEED:
-        # DeepSpeed's stage-1 optimizer (stage_1_and_2.py) also reduces into a gradient
-        # partition that it steps on; the ZeRO paper's formula leaves it out
-        out["grad_partition"] = trainable * sb.grads / dp
-    if "optimizer" not in plan.offload:
-        if sb.master:
-            out["master_params"] = trainable * sb.master / (dp if z >= 1 else 1)
-        out["optimizer_states"] = trainable * sb.optimizer / (dp if z >= 1 else 1)
-    return out
-
-
-def persistent_grad_shards(plan: Plan, dp: int) -> bool:
-    """DeepSpeed preallocates its gradient partitions; PyTorch (FSDP, ZeroRedundancyOptimizer)
-    creates gradients as backward produces them and frees them in zero_grad(set_to_none=True)."""
-    return plan.framework == Framework.DEEPSPEED and dp > 1 and plan.zero >= 1
-
-
-def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
-    """The part of model_states() held from the start of the step. Full gradients
-    appear during backward and, under ZeRO-2/3, live until their bucket's
-    reduce-scatter; PyTorch's gradient shards appear at that reduce-scatter: all
-    of these come from the op graph."""
-    out = model_states(params, trainable, plan, dp)
-    if not (plan.zero >= 2 and persistent_grad_shards(plan, dp)):
-        del out["grads"]
-    return out
-
-
 # --- one micro-batch of one chunk -----------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -231,8 +166,10 @@ class ChunkParams:
         return 1.0 - (self.embedding_params + self.head_params) / self.params if self.params else 0.0
 
 
-def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk) -> ChunkParams:
-    local = rank_shard(model, layout)
+def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
+                 local: ModelSpec | None = None) -> ChunkParams:
+    """`local`: rank_shard(model, layout), when the caller has it."""
+    local = local or rank_shard(model, layout)
     per_layer = local.layer_params
     counts = param_counts(local, plan)
     trainable_per_layer = counts.trainable / local.num_layers if plan.lora_rank else per_layer
@@ -243,6 +180,26 @@ def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk) -> 
     trainable = chunk.layers * trainable_per_layer + emb_t + head_t
     return ChunkParams(params, trainable, per_layer * Dtypes.of(plan).param, trainable_per_layer, emb_t, head_t,
                        emb, head)
+
+
+def stage_chunks(layout: Layout, stage: int) -> list[tuple[bool, bool]]:
+    """(holds the embedding, holds the loss) of each chunk of a pipeline stage."""
+    J = layout.chunks
+    return [(j == 0, j == J - 1) for j in range(stage, J, layout.pp)]
+
+
+def stage_params(model: ModelSpec, plan: Plan, layout: Layout, stage: int,
+                 local: ModelSpec | None = None) -> StageParams:
+    """The parameters one GPU of pipeline stage `stage` holds, over its chunks (`local`: the
+    rank's shard, when the caller has it)."""
+    per_chunk = model.num_layers // layout.chunks
+    local = local or rank_shard(model, layout)
+    params = trainable = outside = 0.0
+    for first, last in stage_chunks(layout, stage):
+        cp = chunk_params(model, plan, layout, Chunk(per_chunk, first, last), local)
+        params, trainable = params + cp.params, trainable + cp.trainable
+        outside += cp.embedding_params + cp.head_params
+    return StageParams(params, trainable, 1.0 - outside / params if params else 0.0)
 
 
 @dataclass(frozen=True)

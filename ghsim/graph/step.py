@@ -28,7 +28,7 @@ from ghsim.graph.offload import StepFacts, apply_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.offload import sync_activation_offload
-from ghsim.plan import OffloadSchedule, Plan, Precision, Recompute
+from ghsim.plan import OffloadSchedule, Plan, Recompute
 
 
 
@@ -351,23 +351,4 @@ def accumulating(template: list[Op]) -> list[Op]:
     for op in template:
         grads = (op.hbm_by_tag or {}).get("grads", 0.0)
         out.append(copy.copy(op).change_hbm("grads", -grads) if grads > 0 else op)
-    return out
-
-
-def static_bytes(model: ModelSpec, plan: Plan) -> dict[str, float]:
-    """HBM held for the whole step before any op runs: parameters and optimizer states."""
-    counts = param_counts(model, plan)
-    dt = Dtypes.of(plan)
-    out: dict[str, float] = {}
-    if plan.lora_rank:
-        out["params"] = (counts.total) * dt.param + counts.trainable * 4
-    else:
-        out["params"] = counts.total * dt.param
-    if "optimizer" not in plan.offload:
-        # AdamW's two fp32 moments, plus fp32 master weights where the working weights
-        # are 16-bit (fsdp-mixed, deepspeed, megatron), as the multi-GPU path counts them
-        masters = 4 if dt.param < 4 and not plan.lora_rank else 0
-        out["optimizer_states"] = counts.trainable * (8 + masters)
-    if plan.precision == Precision.FP8:
-        out["fp8_scales"] = 0.0
     return out

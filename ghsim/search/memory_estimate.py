@@ -1,24 +1,29 @@
 """A fast analytic estimate of a plan's per-GPU HBM and per-node host memory.
 
 The plan search calls this for every candidate before simulating anything, to
-prune plans that cannot fit. It is a closed form (no op graph), written to track
-the simulator's replayed peak (ghsim/sim/memory.py over ghsim/graph/*) for the
-plans the simulator handles, and to be a *lower* estimate where ghsim cannot yet
-check it (multi-GPU sharding, offload): underestimating only costs a wasted
-simulation, overestimating would drop a plan that fits.
+prune plans that cannot fit. What the GPU holds before the step starts (model
+state under ZeRO, tensor/pipeline/expert sharding and offload; the frameworks'
+buckets) and what offload keeps on the host is read from the simulator's own
+account (graph/states.py); on top of it come closed forms (no op graph) for
+gradients, activations and the loss, written to track the simulator's replayed
+peak (ghsim/sim/memory.py over ghsim/graph/*) and to be a *lower* reading where
+they cannot follow it exactly: underestimating only costs a wasted simulation,
+overestimating would drop a plan that fits.
 
-The contract the search relies on, tested in tests/test_search_memory.py:
+The contract the search relies on, tested in tests/test_search_memory.py over
+every plan the search enumerates:
 
-    estimate <= simulated peak * (1 + MARGIN)      for every plan simulate accepts
+    estimate <= simulated peak * (1 + MARGIN)      (HBM and host) for every plan simulate accepts
 
 so "estimate > capacity * (1 + MARGIN)" proves the plan does not fit.
 
-The peak is the larger of two moments of the step (what the replay finds):
-- the loss at the end of a forward pass: weights, optimizer states, gradients
-  already accumulated (from an earlier micro-batch), every layer's saved
-  activations, and the fp32 logits, their log-softmax and gradient;
-- the optimizer step: weights, states, all gradients and the foreach kernels'
-  fp32 temporary.
+The peak is the largest of a few moments of the step on each kind of pipeline
+stage (first, middle, last), as the replay finds them:
+- the loss at the end of a forward pass: states, gradients already accumulated
+  (from an earlier micro-batch), the saved activations of the micro-batches in
+  flight, and (last stage) the fp32 logits, their log-softmax and gradient;
+- the optimizer step: states, the gradients left on the GPU and the foreach
+  kernels' fp32 temporary.
 With full recompute, a layer's backward re-creates its saved set; that is a
 third candidate.
 """
@@ -27,12 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ghsim.graph.offload import resolve_schedule
+from ghsim.graph.offload import OffloadSetup
+from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.parallel import Layout, rank_shard, stage_params
+from ghsim.graph.states import RankStates, node_gpus, rank_states
 from ghsim.graph.step import param_counts
 from ghsim.graph.transformer import Dtypes
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute
+from ghsim.plan import Plan, Precision, Recompute
 
 # Stated accuracy: on every single-GPU plan the simulator accepts, the estimate
 # lies within 10% of the replayed HBM peak; for other plans it is never above
@@ -73,11 +81,14 @@ class MemoryEstimate:
                 f"{self.activation_bytes / GB:.0f} GB activations {rel} {capacity / GB:.0f} GB")
 
 
-STATE_PARTS = ("params", "grads", "optimizer_states", "optimizer_temp")
+# what graph/states.py puts on HBM before the step, and the gradients and optimizer temporaries
+STATE_PARTS = ("params", "master_params", "optimizer_states", "grad_partition", "grads", "comm_buckets",
+               "optimizer_temp")
 
 
-def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int) -> tuple[float, float]:
-    """(activation bytes one layer keeps for its backward, its autocast weight copies)."""
+def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> tuple[float, float]:
+    """(activation bytes one layer keeps for its backward, its autocast weight copies; with `ep`
+    expert-parallel ranks, of the rank's own experts)."""
     h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
     act, rs = dt.act, dt.residual
     fp8 = plan.precision == Precision.FP8
@@ -86,7 +97,7 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int) -> tuple[float, f
     if m.moe is None:
         f, experts, Tm = m.intermediate_size, 1, T
     else:
-        f, experts, Tm = m.moe.expert_intermediate_size, m.moe.num_experts, T * m.moe.experts_per_token
+        f, experts, Tm = m.moe.expert_intermediate_size, max(1, m.moe.num_experts // ep), T * m.moe.experts_per_token
     n_mlp_in = 2 if m.mlp == "swiglu" else 1
     # (tokens, n_in, n_out, experts, fed by a norm's fp32 output) of every projection
     projs = [(T, h, q, 1, True), (T, h, kv, 1, True), (T, h, kv, 1, True), (T, q, h, 1, False)]
@@ -99,7 +110,9 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int) -> tuple[float, f
     if plan.recompute != Recompute.SELECTIVE:
         saved += plan.micro_batch * m.num_attention_heads * plan.seq * 4  # log-sum-exp
     saved += T * h * rs  # the attention residual's output
-    saved += (n_mlp_in + 2) * Tm * f * act  # gate/up outputs, activation, product
+    # gate/up outputs, activation, product (with experts spread over ranks, the graph keeps one
+    # fewer: the lower reading)
+    saved += (n_mlp_in + (2 if ep == 1 else 1)) * Tm * f * act
     copies = 0.0
     for tokens, n_in, n_out, e, from_norm in projs:
         if fp8:
@@ -115,141 +128,163 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int) -> tuple[float, f
     return saved, copies
 
 
-def _streams_gradients(plan: Plan) -> bool:
-    """Offload schedules that stream gradients out during backward (all but plain PyTorch's
-    sync, which copies them after it)."""
-    return resolve_schedule(plan) != OffloadSchedule.SYNC
+
+@dataclass(frozen=True)
+class GradParts:
+    """Bytes of the .grad tensors one GPU's backward creates, by where they arise (before ZeRO)."""
+
+    layers: float  # the stage's decoder layers
+    embedding: float
+    head: float  # final norm and LM head
+
+    @property
+    def total(self) -> float:
+        return self.layers + self.embedding + self.head
 
 
-def _grad_bytes(m: ModelSpec, plan: Plan, dt: Dtypes, trainable: float) -> float:
-    """Bytes of the .grad tensors of `trainable` parameters, by where they arise.
+def _grad_parts(local: ModelSpec, plan: Plan, dt: Dtypes, layers: int, first: bool, last: bool) -> GradParts:
+    """Gradients of `layers` decoder layers of the rank's shard `local`, with the embedding
+    (`first`) and the final norm and LM head (`last`).
 
     Projection weight gradients are fp32 under autocast (cast back to the fp32
     parameter) and under fp8 (the wgrad writes fp32); the embedding's is a dense
     fp32 scatter-add; norms and the LM head follow the stored gradient dtype.
     """
-    if plan.lora_rank:
-        return trainable * 4  # fp32 adapters
+    if plan.lora_rank:  # fp32 adapters only
+        return GradParts(param_counts(local, plan).trainable / local.num_layers * 4 * layers, 0.0, 0.0)
     fp8 = plan.precision == Precision.FP8
     matrix_bytes = 4 if (dt.autocast_casts or fp8) else dt.grad
     head_bytes = 4 if dt.autocast_casts else dt.grad
-    layers = trainable - m.embedding_params - m.lm_head_params - m.hidden_size  # what is left: layers
-    per_layer_norms = m.norm_params
-    n_layers = layers / m.layer_params if m.layer_params else 0
-    norms = per_layer_norms * n_layers + m.hidden_size
-    matrices = layers - per_layer_norms * n_layers
+    norms = local.norm_params
+    per_layer = (local.layer_params - norms) * matrix_bytes + norms * dt.grad
     # the LM head's gradient exists even when tied to the embedding (a separate wgrad)
-    head = m.vocab_size * m.hidden_size
-    return matrices * matrix_bytes + norms * dt.grad + head * head_bytes + m.embedding_params * 4
+    head = local.vocab_size * local.hidden_size * head_bytes + local.hidden_size * dt.grad
+    return GradParts(per_layer * layers, local.embedding_params * 4 if first else 0.0, head if last else 0.0)
 
 
-def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimate:
-    m, dt = model, Dtypes.of(plan)
-    fp8 = plan.precision == Precision.FP8
-    tp, pp, dp = plan.tp, plan.pp, max(plan.dp, 1)
-    # the share of the model's states one GPU holds. One GPU: all of it. Several: tp splits
-    # the layers, pp stacks them in stages; where the embedding and LM head sit (a stage,
-    # vocabulary-parallel, replicated) is not counted: a lower reading
-    layer_share = model.num_layers * model.layer_params / model.total_params
-    mp = 1.0 if plan.gpus == 1 else tp * pp / layer_share
-    zero_dp = dp if plan.zero else 1
-    counts = param_counts(m, plan)
+def _held_grads(nbytes: float, plan: Plan, dp: int, setup: OffloadSetup) -> float:
+    """Of `nbytes` of gradients backward creates, what the GPU still holds when the optimizer
+    steps: ZeRO-2/3 keep a 1/dp shard (none beyond graph/states.py's preallocated partition, or
+    when the shards leave for the host); streamed to the host, the share whose optimizer stays
+    on the GPU; otherwise all of them."""
+    if dp > 1 and plan.zero >= 2:
+        if setup.streams_gradients or plan.framework.value == "deepspeed":
+            return 0.0
+        return nbytes / dp
+    return nbytes * (1.0 - setup.cpu_share) if setup.streams_gradients else nbytes
+
+
+@dataclass(frozen=True)
+class Activations:
+    """One GPU's closed-form activation terms (tensor parallelism applied)."""
+
+    per_layer: float  # kept per layer and micro-batch in flight (its input, and its saved set)
+    saved: float  # one layer's saved set (re-created by full recompute)
+    copies: float  # one layer's autocast weight copies
+    held_copies: float  # every layer's autocast weight copies held until the forward ends
+    loss: float  # final norm output, fp32 logits and their log-softmax or gradient, LM-head copy
+    offloaded: float  # what one micro-batch's layers leave on the host
+
+
+def _activations(m: ModelSpec, plan: Plan, dt: Dtypes, layers: float) -> Activations:
+    """TP splits a layer's tensors (sequence parallel), PP its layers (`layers` per pipeline chunk:
+    autocast's weight copies and offloaded activations are a chunk's forward's)."""
+    tp, fp8 = plan.tp, plan.precision == Precision.FP8
     T = plan.micro_batch * plan.seq
     h, V = m.hidden_size, m.vocab_size
-    k = plan.grad_accum
-
-    # --- states, per GPU: model parallelism splits them, ZeRO shards them over data parallel
-    shard_params = zero_dp if plan.zero >= 3 else 1
-    shard_grads = zero_dp if plan.zero >= 2 else 1
-    shard_opt = zero_dp if plan.zero >= 1 else 1
-    params = counts.total * dt.param / mp / shard_params
-    if plan.lora_rank:
-        params += counts.trainable * 4 / mp / shard_params  # fp32 adapters
-    if "params" in plan.offload or (plan.framework == Framework.FSDP_MIXED and plan.zero >= 3 and plan.gpus > 1
-                                     and not plan.lora_rank and dt.param < 4):
-        params = 0.0  # offloaded, or FSDP's bf16 weights that exist only gathered
-    grads = _grad_bytes(m, plan, dt, counts.trainable) / mp / shard_grads
-    if plan.offload & {"optimizer", "grads", "params"} and _streams_gradients(plan):
-        # overlapped offload sends gradients to the host bucket by bucket during backward;
-        # only the share whose optimizer stays on the GPU is kept whole
-        grads *= 1.0 - plan.offload_ratio
-    gpu_opt_share = 1.0 - plan.offload_ratio if "optimizer" in plan.offload else 1.0
-    # AdamW's two moments, plus fp32 master weights where the working weights are bf16/fp16
-    master = 4 if dt.param < 4 and not plan.lora_rank else 0
-    opt_states = counts.trainable * (8 + master) * gpu_opt_share / mp / shard_opt
-    # torch's foreach AdamW materialises an fp32 temporary per step (the offloaded
-    # schedules' GPU share runs without it)
-    opt_temp = (counts.trainable * 4 / mp / shard_opt
-                if plan.optimizer_impl == "foreach" and "optimizer" not in plan.offload else 0.0)
-
-    # --- activations, per GPU: TP splits a layer's tensors (sequence parallel), PP its layers,
-    # and 1F1B keeps up to `pp` micro-batches in flight on the first stage
-    saved, copies = _layer_saved(m, plan, dt, T)
+    saved, copies = _layer_saved(m, plan, dt, T, plan.ep)
     x = T * h * dt.residual  # each layer's input, kept for its backward
-    layers = m.num_layers / pp
-    in_flight = min(pp, k)
     full = plan.recompute == Recompute.FULL
     offload_acts = "activations" in plan.offload and not full
     per_layer = x + (0.0 if full or offload_acts else saved)
-    acts = per_layer * layers * in_flight / tp
-    # save_on_cpu offloads every saved tensor, autocast's weight copies included
-    copies_all = 0.0 if offload_acts else copies * layers / tp
-    if not (dt.autocast_casts or fp8):
-        fn = T * h * (4 + dt.residual)
-    else:
-        fn = T * h * (4 + 2)
+    fn = T * h * (4 + dt.residual) if not (dt.autocast_casts or fp8) else T * h * (4 + 2)
     lm_copy = V * h * 2 if dt.autocast_casts and not plan.lora_rank else 0.0
     # fp32 logits and their log-softmax or gradient: two T x V fp32 tensors at once (the
     # one-GPU replay can hold a third for a moment: the lower reading)
     loss = (fn + x + 8 * T * V) / tp + lm_copy / tp
+    # save_on_cpu offloads every saved tensor, autocast's weight copies included
+    held_copies = 0.0 if offload_acts else copies * layers / tp
+    # (one micro-batch's worth: pipelines may prefetch the others back)
+    offloaded = (saved + copies) * layers / tp if offload_acts else 0.0
+    return Activations(per_layer / tp, saved / tp, copies / tp, held_copies, loss, offloaded)
 
-    static = {"params": params, "optimizer_states": opt_states}
-    grads_at_fwd_end = grads if k > 1 else 0.0  # an earlier micro-batch's grads are held
-    forward_end = {**static, "grads": grads_at_fwd_end, "activations": acts, "weight_copies": copies_all,
-                   "logits": loss}
-    optimizer = {**static, "grads": grads, "optimizer_temp": opt_temp}
+
+def _stage_moments(plan: Plan, setup: OffloadSetup, states: RankStates, grads: GradParts, acts: Activations,
+                   layers: float, first: bool, last: bool, opt_temp: float) -> list[tuple[str, dict[str, float]]]:
+    """The candidate peak moments of one GPU of a pipeline stage, each as HBM by part.
+
+    - the loss at the end of a forward pass: states, gradients already accumulated (from an
+      earlier micro-batch), the saved activations of every micro-batch 1F1B keeps in flight
+      (`pp` on the first stage), autocast's weight copies and (last stage) the loss;
+    - the optimizer step: states, the gradients left and the foreach kernels' temporary;
+    - with full recompute, a layer's backward re-creating its saved set.
+    """
+    dp, k = plan.dp, plan.grad_accum
+    static = dict(states.hbm)
+    held = _held_grads(grads.total, plan, dp, setup)
+    # gradients of the earlier micro-batches: none on the GPU when they stream to the host (the
+    # replay counts the GPU's share only as the last micro-batch's backward makes it)
+    earlier = held if k > 1 and not setup.streams_gradients else 0.0
+    in_flight = min(plan.pp, k) if first else 1
+    acts_all = acts.per_layer * layers * in_flight
+    forward_end = {**static, "grads": earlier, "activations": acts_all,
+                   "weight_copies": acts.held_copies, "logits": acts.loss if last else 0.0}
+    optimizer = {**static, "grads": held, "optimizer_temp": opt_temp}
     moments = [("forward end", forward_end), ("optimizer", optimizer)]
-    if pp > 1:
-        # 1F1B: the first stage holds `pp` micro-batches in flight but no loss; the last
-        # stage holds the loss but one micro-batch in flight
-        moments[0] = ("first stage", {**forward_end, "logits": 0.0})
-        moments.append(("last stage", {**forward_end, "activations": acts / in_flight}))
-    if full:
-        # a layer's backward re-runs its forward: one layer's saved set on top. With
-        # one micro-batch, gradients grow as layer inputs are freed, so the worst layer
-        # is the top one (all inputs, few gradients) or the bottom one (the reverse;
-        # the embedding's gradient comes last).
-        one_layer = {"activations": saved / tp, "weight_copies": copies / tp}
+    if plan.recompute == Recompute.FULL:
+        # one layer's saved set on top. With one micro-batch, gradients grow as layer inputs
+        # are freed, so the worst layer is the top one (all inputs, few gradients) or the
+        # bottom one (the reverse; the embedding's gradient comes last).
+        one_layer = {"weight_copies": acts.copies}
         if k > 1:
-            moments.append(("recompute", {**static, **one_layer, "grads": grads, "activations": acts + saved / tp}))
+            moments.append(("recompute", {**static, **one_layer, "grads": earlier,
+                                          "activations": acts_all + acts.saved}))
         else:
-            layer_grads = 0.0 if plan.lora_rank else \
-                _grad_bytes(m, plan, dt, m.num_layers * m.layer_params) / mp / shard_grads
-            emb_grad = 0.0 if plan.lora_rank else m.embedding_params * 4 / mp / shard_grads
-            top = {**static, **one_layer, "grads": grads - layer_grads - emb_grad, "activations": acts + saved / tp}
-            bottom = {**static, **one_layer, "grads": grads - emb_grad, "activations": per_layer / tp + saved / tp}
-            moments += [("recompute", top), ("recompute", bottom)]
+            top = _held_grads(grads.head, plan, dp, setup)
+            bottom = _held_grads(grads.total - grads.embedding, plan, dp, setup)
+            moments += [("recompute", {**static, **one_layer, "grads": top, "activations": acts_all + acts.saved}),
+                        ("recompute", {**static, **one_layer, "grads": bottom,
+                                       "activations": acts.per_layer + acts.saved})]
     if plan.framework.value not in KNOWN_FRAMEWORKS:
-        # fused-kernel frameworks keep other buffers: only weights and optimizer states are sure
-        moments = [("states", dict(static))]
-    moment, parts = max(moments, key=lambda kv: sum(kv[1].values()))
+        # fused-kernel frameworks keep other buffers: only what is held from the start is sure
+        moments = [("states", static)]
+    return moments
 
-    # --- host memory per node: what offload put there, for the GPUs of a node
-    per_node = min(plan.gpus, plan.gpus_per_node or hw.gpus_per_node or plan.gpus)
-    host = 0.0
-    if "optimizer" in plan.offload:
-        # fp32 master params, grads and both AdamW moments in pinned host memory
-        host += counts.trainable * 16 * plan.offload_ratio / mp / shard_opt
-    if "params" in plan.offload:
-        host += counts.total * dt.param / mp / shard_params
-    if offload_acts:  # (one micro-batch's worth: pipelines may prefetch the others back)
-        host += (saved + copies) * layers / tp
+
+def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimate:
+    dt = Dtypes.of(plan)
+    layout = Layout.of(plan, hw)
+    pp = layout.pp
+    local = rank_shard(model, layout)
+    stage_layers = model.num_layers // pp
+    chunk_layers = model.num_layers // layout.chunks
+    acts = _activations(model, plan, dt, chunk_layers)
+    setup = resolve_offload(plan)
+    on_gpu_optimizer = not setup.optimizer
+    shard_opt = plan.dp if plan.zero >= 1 and plan.dp > 1 else 1
+    moments: list[tuple[str, dict[str, float]]] = []
+    floor = host = 0.0
+    # the first stage (embedding, most micro-batches in flight), the last (the loss) and a
+    # middle one stand for all
+    for d in sorted({0, pp - 1} | ({1} if pp > 2 else set())):
+        first, last = d == 0, d == pp - 1
+        stage = stage_params(model, plan, layout, d, local)
+        states = rank_states(plan, layout.dp, stage)
+        # the replay runs an interleaved stage's chunks one at a time, each with its own gradients
+        # and optimizer: those of its largest chunk (the one with the embedding or the loss)
+        grads = _grad_parts(local, plan, dt, chunk_layers, first, last)
+        # torch's foreach AdamW materialises an fp32 temporary per step (an average chunk's: a lower reading)
+        opt_temp = (stage.trainable / layout.interleave * 4 / shard_opt
+                    if plan.optimizer_impl == "foreach" and on_gpu_optimizer else 0.0)
+        mine = _stage_moments(plan, setup, states, grads, acts, stage_layers, first, last, opt_temp)
+        moments += mine
+        floor = max(floor, sum(dict(mine)["optimizer"].values()) if len(mine) > 1 else sum(mine[0][1].values()))
+        host = max(host, sum(states.host.values()) + acts.offloaded)
+    moment, parts = max(moments, key=lambda kv: sum(kv[1].values()))
     if plan.framework.value not in KNOWN_FRAMEWORKS:
         host = 0.0
-    return MemoryEstimate(sum(parts.values()), host * per_node, {k_: v for k_, v in parts.items() if v},
-                          moment, sum(optimizer.values()))
-
-
+    return MemoryEstimate(sum(parts.values()), host * node_gpus(plan, hw), {k_: v for k_, v in parts.items() if v},
+                          moment, floor)
 def may_fit(est: MemoryEstimate, hw: Hardware, plan: Plan) -> bool:
     """False only when the estimate proves the plan cannot fit (see MARGIN).
 
@@ -258,7 +293,7 @@ def may_fit(est: MemoryEstimate, hw: Hardware, plan: Plan) -> bool:
     """
     slack = 1.0 + MARGIN
     if plan.unified_memory:
-        per_node = min(plan.gpus, plan.gpus_per_node or hw.gpus_per_node or plan.gpus)
+        per_node = node_gpus(plan, hw)
         return est.hbm_bytes * per_node + est.host_bytes <= (
             (hw.hbm.capacity_bytes * per_node + hw.host.capacity_bytes) * slack)
     return est.hbm_bytes <= hw.hbm.capacity_bytes * slack and est.host_bytes <= hw.host.capacity_bytes * slack

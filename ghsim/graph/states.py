@@ -1,0 +1,239 @@
+"""One account of what each GPU holds where: model state and framework buffers, on HBM and the host.
+
+Model state is the parameters, their gradients, the fp32 master weights and the
+optimizer's moments; buffers are the data-parallel frameworks' flat gradient
+buckets (DDP, DeepSpeed). For one GPU of a pipeline stage (its tensor/expert
+shard of the stage's parameters: `StageParams`, graph/parallel.stage_params)
+the account says
+
+- `hbm`: what HBM holds from the start of the step, before any op runs (the
+  memory replay starts from it; gradients, gathered parameters and activations
+  come and go with the op graph),
+- `host`: what its offload keeps in host memory all step (every GPU of a node
+  holds its own: `host_per_node`),
+and `kept_states` the model state it keeps on the GPU, as the ZeRO paper counts
+it (the report's "model_state_bytes").
+
+The simulator's memory replay, its host report and check, and the plan search's
+fast estimate (memory_estimate.py) all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ghsim.errors import GhsimError
+from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup, resolve
+from ghsim.graph.step import param_counts
+from ghsim.graph.transformer import Dtypes
+from ghsim.hardware import Hardware
+from ghsim.model import ModelSpec
+from ghsim.plan import Framework, Plan, Precision
+
+ADAMW_MOMENTS = 8.0  # exp_avg and exp_avg_sq, fp32
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model-state fragment before any sharding.
+
+    torch-amp: fp32 params and grads, AdamW moments (8 B). deepspeed: bf16/fp16
+    params and grads, fp32 master copy and moments (2 + 2 + 12: the ZeRO
+    paper's K = 12). fsdp-mixed: the fp32 flat parameters are the masters; the
+    bf16 parameters exist only gathered (ZeRO-3) or from forward to backward.
+    """
+
+    params: float
+    grads: float
+    master: float
+    optimizer: float = ADAMW_MOMENTS
+
+    @staticmethod
+    def of(plan: Plan) -> "StateBytes":
+        dt = Dtypes.of(plan)
+        if plan.lora_rank or dt.param == 4:
+            return StateBytes(dt.param, dt.grad, 0.0)
+        if plan.framework == Framework.FSDP_MIXED and plan.zero >= 3:
+            return StateBytes(0.0, dt.grad, 4.0)
+        return StateBytes(dt.param, dt.grad, 4.0)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """The parameters one GPU of a pipeline stage holds (its tp/ep shard of the stage's chunks)."""
+
+    params: float
+    trainable: float
+    layer_share: float  # share of `params` inside decoder layers (the rest: embedding, final norm, LM head)
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """What one GPU holds where, by fragment (bytes)."""
+
+    hbm: dict[str, float]  # on HBM from the start of the step
+    host: dict[str, float]  # in host memory all step, for this GPU's offloaded share
+    def host_per_node(self, node_gpus: int) -> float:
+        return sum(self.host.values()) * node_gpus
+
+
+def node_gpus(plan: Plan, hw: Hardware) -> int:
+    """GPUs of the plan on one node: each holds its own offloaded state in the node's host memory."""
+    return max(1, min(plan.gpus, plan.gpus_per_node or hw.gpus_per_node))
+
+
+# --- without offload: the ZeRO paper's count ----------------------------------------------
+def model_states(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
+    """Per-GPU bytes of each model-state fragment, as the ZeRO paper counts them (Sec. 5):
+    stage 1 shards the optimizer state (and fp32 masters) over dp ranks, 2 also the
+    gradients, 3 also the parameters."""
+    z = plan.zero if dp > 1 else 0
+    sb = StateBytes.of(plan)
+    frozen = params - trainable
+    out = {"params": (trainable * sb.params + frozen * Dtypes.of(plan).param) / (dp if z >= 3 else 1)}
+    if plan.lora_rank:
+        out["params"] += trainable * 4 / (dp if z >= 3 else 1)
+    out["grads"] = trainable * sb.grads / (dp if z >= 2 else 1)
+    if z == 1 and plan.framework == Framework.DEEPSPEED:
+        # DeepSpeed's stage-1 optimizer (stage_1_and_2.py) also reduces into a gradient
+        # partition that it steps on; the ZeRO paper's formula leaves it out
+        out["grad_partition"] = trainable * sb.grads / dp
+    if "optimizer" not in plan.offload:
+        if sb.master:
+            out["master_params"] = trainable * sb.master / (dp if z >= 1 else 1)
+        out["optimizer_states"] = trainable * sb.optimizer / (dp if z >= 1 else 1)
+    return out
+
+
+def persistent_grad_shards(plan: Plan, dp: int) -> bool:
+    """DeepSpeed preallocates its gradient partitions; PyTorch (FSDP, ZeroRedundancyOptimizer)
+    creates gradients as backward produces them and frees them in zero_grad(set_to_none=True)."""
+    return plan.framework == Framework.DEEPSPEED and dp > 1 and plan.zero >= 1
+
+
+def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> dict[str, float]:
+    """The part of model_states() held from the start of the step. Full gradients
+    appear during backward and, under ZeRO-2/3, live until their bucket's
+    reduce-scatter; PyTorch's gradient shards appear at that reduce-scatter: all
+    of these come from the op graph."""
+    out = model_states(params, trainable, plan, dp)
+    if not (plan.zero >= 2 and persistent_grad_shards(plan, dp)):
+        del out["grads"]
+    return out
+
+
+# --- offload: what stays on the GPU, what the host holds ------------------------------------
+def layer_param_share(model: ModelSpec) -> float:
+    """Share of all parameters inside decoder layers (the rest: embedding, LM head, final norm)."""
+    return model.num_layers * model.layer_params / model.total_params
+
+
+def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
+                    grads_are_shards: bool = True, setup: OffloadSetup | None = None) -> dict[str, float]:
+    """The model state a GPU keeps under the plan's offload, from what it keeps without it.
+
+    The GPU keeps (1 - cpu_share) of the fp32 masters and AdamW moments; when the
+    gradients stream to the host, the same share of any gradient partition
+    (DeepSpeed allocates the partition next to the CPU optimizer, on the host); of
+    offloaded parameters, only those outside the decoder layers (`layer_share` is
+    the share inside them), the layers being fetched per use. `grads_are_shards`:
+    "grads" is a persistent partition, not the full gradients backward creates.
+    `setup`: resolve(plan), when the caller has it.
+    """
+    setup = setup or resolve(plan)
+    out = dict(states)
+    keep = 1.0 - setup.cpu_share
+    moved = ["master_params", "optimizer_states"] if setup.optimizer else []
+    if setup.streams_gradients:
+        moved += ["grad_partition"] + (["grads"] if grads_are_shards else [])
+    for key in moved:
+        if key in out:
+            out[key] *= keep
+            if not out[key]:
+                out.pop(key)
+    if setup.params and "params" in out:
+        out["params"] *= 1.0 - layer_share
+    return out
+
+
+def host_static_bytes(plan: Plan, trainable: float, total: float,
+                      setup: OffloadSetup | None = None) -> dict[str, float]:
+    """Host memory one GPU's offload holds all step (pinned unless the plan says pageable)."""
+    setup = setup or resolve(plan)
+    out: dict[str, float] = {}
+    if setup.optimizer and setup.cpu_share > 0:
+        p = setup.cpu_share * trainable / setup.shard
+        out["master_params"] = 4 * p
+        out["optimizer_states"] = ADAMW_MOMENTS * p
+        out["grads"] = 4 * p  # fp32 gradients the CPU optimizer reads
+    if setup.params:
+        frozen = total - trainable
+        if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
+            out["frozen_params"] = 4 * frozen / setup.shard
+        else:  # ZeRO-Infinity keeps bf16 working copies on the host, next to the fp32 masters
+            out["offloaded_params"] = 2 * total / setup.shard
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def check_host_capacity(host_static: dict[str, float], node_gpus: int, capacity: float, hw_name: str,
+                        plan: Plan) -> None:
+    need = sum(host_static.values()) * node_gpus
+    if need > capacity:
+        what = ",".join(sorted(plan.offload))
+        raise GhsimError(
+            f"offloading {what} needs {need / 1e9:.0f} GB of host memory per node "
+            f"({', '.join(f'{k} {v * node_gpus / 1e9:.0f} GB' for k, v in host_static.items())}); "
+            f"{hw_name} has {capacity / 1e9:.0f} GB"
+        )
+
+
+# --- the account ----------------------------------------------------------------------------
+def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
+    """Flat gradient buffers the data-parallel framework allocates up front."""
+    zero = plan.zero if dp > 1 else 0
+    grads = trainable * StateBytes.of(plan).grads
+    if dp > 1 and zero == 0 and plan.framework == Framework.TORCH_AMP:
+        # DDP copies gradients into its own flat buckets (gradient_as_bucket_view=False, the default)
+        return grads
+    if dp > 1 and zero >= 1 and plan.framework == Framework.DEEPSPEED:
+        # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer)
+        return min(DEEPSPEED_BUCKET_ELEMENTS * Dtypes.of(plan).grad, grads)
+    return 0.0
+
+
+def rank_states(plan: Plan, dp: int, stage: StageParams) -> RankStates:
+    """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state."""
+    setup, unoffloaded = resolve(plan), plan.with_(offload=frozenset())
+    hbm = resident_states(model_state_bytes(stage.params, stage.trainable, unoffloaded, dp), plan, stage.layer_share,
+                          setup=setup)
+    buckets = comm_buckets(plan, dp, stage.trainable)
+    if buckets:
+        hbm["comm_buckets"] = buckets
+    return RankStates(hbm, host_static_bytes(plan, stage.trainable, stage.params, setup))
+
+
+def kept_states(plan: Plan, dp: int, stage: StageParams) -> dict[str, float]:
+    """The model state one GPU of a stage keeps on the GPU, as the ZeRO paper counts it (the
+    report's "model_state_bytes"): rank_states' fragments with the full gradients backward
+    creates, without the buckets."""
+    zero = plan.zero if dp > 1 else 0
+    return resident_states(model_states(stage.params, stage.trainable, plan.with_(offload=frozenset()), dp), plan,
+                           stage.layer_share, grads_are_shards=zero >= 2)
+
+
+def single_gpu_states(model: ModelSpec, plan: Plan) -> RankStates:
+    """What the one-GPU step (graph/step.build_step) starts from: parameters (fp32 LoRA adapters
+    beside 16-bit frozen weights), the optimizer's moments and masters as one fragment, the
+    GPU's share of them under offload, and the non-layer parameters when parameters are offloaded."""
+    counts = param_counts(model, plan)
+    dt = Dtypes.of(plan)
+    hbm = {"params": counts.total * dt.param + (counts.trainable * 4 if plan.lora_rank else 0.0)}
+    # AdamW's two fp32 moments, plus fp32 master weights where the working weights are 16-bit
+    # (fsdp-mixed, deepspeed, megatron); resident_states keeps the GPU's share under offload
+    masters = 4 if dt.param < 4 and not plan.lora_rank else 0
+    hbm["optimizer_states"] = counts.trainable * (ADAMW_MOMENTS + masters)
+    if plan.precision == Precision.FP8:
+        hbm["fp8_scales"] = 0.0
+    hbm = resident_states(hbm, plan, layer_param_share(model))
+    host = host_static_bytes(plan, counts.trainable, counts.total)
+    return RankStates(hbm, host)
