@@ -99,6 +99,19 @@ BREAKDOWN_KEYS = KERNEL_CATEGORIES + ("memcpy", "um_migration", "wait_cpu", "wai
                                       "wait_other", "wait_kernel_gaps")
 
 
+def model_flops(model, plan) -> float:
+    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention.
+
+    With LoRA the frozen weights need no weight gradients: 4 per parameter per
+    token (forward and input gradients), and the adapters are negligible.
+    """
+    tokens = plan.tokens_per_step
+    matmul_params = model.active_params_per_token - model.embedding_params  # the embedding is a lookup
+    attn = 12 * model.num_layers * plan.seq * model.q_dim / 2  # causal: half of QK^T and PV, x3 for bwd
+    per_param = 4 if plan.lora_rank else 6
+    return tokens * (per_param * matmul_params + attn)
+
+
 def step_fields(model, hw, plan, model_flops_per_step: float) -> dict[str, Any]:
     """The StepReport fields that follow from the inputs alone (both simulators share them)."""
     return {

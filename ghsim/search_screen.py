@@ -30,7 +30,8 @@ from ghsim.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report import StepReport
-from ghsim.simulate import check_fit_to_model, model_flops, simulate
+from ghsim.report import model_flops
+from ghsim.simulate import check_fit_to_model, simulate
 from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory, step_time_floor
 
 

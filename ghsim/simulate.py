@@ -18,7 +18,7 @@ from ghsim.graph.step import build_step, param_counts, static_bytes
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
-from ghsim.report import StepReport, Timeline, fit_problems, gpu_busy_and_breakdown, mfu_dtype, step_fields
+from ghsim.report import StepReport, Timeline, fit_problems, gpu_busy_and_breakdown, mfu_dtype, model_flops, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import hbm_peak, host_peak
 from ghsim.simulate_parallel import simulate_parallel
@@ -44,19 +44,6 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
         raise GhsimError(f"--lora-rank {plan.lora_rank} exceeds the hidden size {model.hidden_size}")
     if plan.precision == Precision.FP8 and plan.lora_rank:
         raise GhsimError("fp8 with LoRA is not modeled: LoRA adapters run in bf16 (drop --precision fp8)")
-
-
-def model_flops(model: ModelSpec, plan: Plan) -> float:
-    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention.
-
-    With LoRA the frozen weights need no weight gradients: 4 per parameter per
-    token (forward and input gradients), and the adapters are negligible.
-    """
-    tokens = plan.tokens_per_step
-    matmul_params = model.active_params_per_token - model.embedding_params  # the embedding is a lookup
-    attn = 12 * model.num_layers * plan.seq * model.q_dim / 2  # causal: half of QK^T and PV, x3 for bwd
-    per_param = 4 if plan.lora_rank else 6
-    return tokens * (per_param * matmul_params + attn)
 
 
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,

@@ -55,7 +55,7 @@ from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
-from ghsim.report import BREAKDOWN_KEYS, Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
+from ghsim.report import BREAKDOWN_KEYS, Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, model_flops, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 
@@ -399,8 +399,6 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
                       host_side: HostSide | None = None, rank: RankPricing | None = None) -> StepReport:
     """`fabric` and `host_side` replace the links and the per-GPU host share the hardware implies;
     `rank` (from prepare()) brings what is already built for this plan (step_memory)."""
-    from ghsim.simulate import model_flops  # (simulate imports this module)
-
     rank = rank or prepare(model, hw, plan, calibration, fabric, host_side)
     layout, host_side, fabric = rank.layout, rank.host_side, rank.fabric
     groups = rank.groups
