@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, UM, Op
+from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
 from ghsim.sim.engine import Schedule
 from ghsim.sim.memory import TierPeak
 
@@ -142,68 +142,6 @@ def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: 
     return tuple(problems)
 
 
-def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float, dict[str, float]]:
-    """Kernel-busy fraction of the step (as nsys shows it) and where the step's time goes.
-
-    The breakdown walks the GPU compute stream: kernel time by category, copies
-    issued on it, and the gaps between them, attributed to what the next op
-    waited for (the host issuing kernels, or CPU work). It sums to the step time.
-    """
-    ops, sched = timeline.ops, timeline.schedule
-    start, end = sched.start, sched.end
-    on_gpu = np.fromiter((op.resource == "gpu" for op in ops), bool, len(ops))
-    is_kernel = np.fromiter((op.category in KERNEL_CATEGORIES for op in ops), bool, len(ops))
-    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    gpu_idx = np.flatnonzero(on_gpu)
-    gap = timeline.lead_gap if timeline.lead_gap is not None else np.zeros(len(ops))
-    breakdown["wait_kernel_gaps"] = float(gap[gpu_idx].sum())
-    body = start + gap  # kernels run after their launch gap; the gap is idle
-    dur = end[gpu_idx] - body[gpu_idx]
-    # time per distinct op object (replicated layers share them), then by category
-    per_op: dict[int, list] = {}
-    for i, d in zip(gpu_idx.tolist(), dur.tolist()):
-        entry = per_op.get(id(ops[i]))
-        if entry is None:
-            per_op[id(ops[i])] = [ops[i], d]
-        else:
-            entry[1] += d
-    for op, d in per_op.values():
-        if op.category not in KERNEL_CATEGORIES:
-            continue
-        for cat, share in op.split or ((op.category, 1.0),):
-            breakdown[cat] += d * share
-    is_um = np.fromiter((ops[i].category == UM for i in gpu_idx), bool, len(gpu_idx))
-    breakdown["memcpy"] = float(dur[~is_kernel[gpu_idx] & ~is_um].sum())
-    breakdown["um_migration"] = float(dur[is_um].sum())  # unified-memory faults stall the stream
-    # gaps on the stream: start of each op minus the latest end before it
-    cursor = np.maximum.accumulate(np.concatenate(([0.0], end[gpu_idx])))
-    gaps = start[gpu_idx] - cursor[:-1]
-    # CPU work the issuing thread blocks on (a CPU optimizer step in the training loop)
-    blocking = np.fromiter((op.category == CPU and op.host_waits for op in ops), bool, len(ops))
-    blocked = Coverage(start[blocking], end[blocking])
-    for k in np.flatnonzero(gaps > 0):
-        reason = _waited_for(int(gpu_idx[k]), timeline)
-        on_cpu = 0.0
-        if reason in ("wait_host_launch", "wait_other"):  # the host may have been stuck in CPU work
-            on_cpu = blocked.over(float(cursor[k]), float(start[gpu_idx[k]]))
-        elif reason == "wait_transfer":  # a copy that itself waited for CPU work (an optimizer step)
-            on_cpu = _copy_waiting_on_cpu(int(gpu_idx[k]), float(cursor[k]), timeline)
-        breakdown["wait_cpu"] += on_cpu
-        breakdown[reason] += float(gaps[k]) - on_cpu
-    last_gpu = float(cursor[-1]) if len(cursor) else 0.0
-    tail = step_time - last_gpu
-    if tail > 0:  # the step ends on another resource: the CPU, or copies still landing
-        cpu = np.fromiter((op.category == CPU for op in ops), bool, len(ops))
-        on_cpu = _overlap(last_gpu, step_time, start[cpu], end[cpu])
-        breakdown["wait_cpu"] += on_cpu
-        copies = np.fromiter((op.category == COPY for op in ops), bool, len(ops))
-        rest = "wait_transfer" if copies.any() and end[copies].max() > last_gpu else "wait_cpu"
-        breakdown[rest] += tail - on_cpu
-    kernels = np.flatnonzero(is_kernel & (end > body))
-    busy = _union_length(body[kernels], end[kernels])
-    return busy / step_time if step_time > 0 else 0.0, breakdown
-
-
 def _waited_for(i: int, timeline: Timeline) -> str:
     """What the GPU stream's op i waited for, when it started after the stream went idle."""
     sched = timeline.schedule
@@ -217,25 +155,6 @@ def _waited_for(i: int, timeline: Timeline) -> str:
     if abs(sched.issue[i] - start) < 1e-12:
         return "wait_host_launch"
     return "wait_other"
-
-
-def _copy_waiting_on_cpu(i: int, gap_start: float, timeline: Timeline) -> float:
-    """Of a gap before GPU op i, the part its awaited copy spent waiting for a CPU op."""
-    sched, ops = timeline.schedule, timeline.ops
-    for d in timeline.deps[i]:
-        if ops[d].category != COPY or abs(sched.end[d] - sched.start[i]) > 1e-12:
-            continue
-        for c in timeline.deps[d]:
-            if ops[c].category == CPU and abs(sched.end[c] - sched.start[d]) < 1e-12:
-                return max(0.0, min(float(sched.start[d]), float(sched.start[i])) - gap_start)
-    return 0.0
-
-
-def _overlap(a: float, b: float, starts: np.ndarray, ends: np.ndarray) -> float:
-    """Length of [a, b] covered by disjoint intervals [starts, ends) (one in-order resource)."""
-    if len(starts) == 0 or b <= a:
-        return 0.0
-    return float(np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None).sum())
 
 
 class Coverage:

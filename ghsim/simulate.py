@@ -18,7 +18,8 @@ from ghsim.graph.step import build_step, param_counts, static_bytes
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
-from ghsim.report import StepReport, Timeline, fit_problems, gpu_busy_and_breakdown, mfu_dtype, model_flops, step_fields
+from ghsim.breakdown import OpColumns, window
+from ghsim.report import BREAKDOWN_KEYS, StepReport, Timeline, fit_problems, mfu_dtype, model_flops, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import hbm_peak, host_peak
 from ghsim.simulate_parallel import simulate_parallel
@@ -73,7 +74,9 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
                                      lambda o: cost.kernel_gap(o, plan.cuda_graphs))
     timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch, lead_gap)
     step_time = sched.makespan
-    utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
+    whole = window(timeline, 0.0, step_time, OpColumns.of(*engine.distinct(ops)))
+    breakdown = {**dict.fromkeys(BREAKDOWN_KEYS, 0.0), **whole.breakdown}
+    utilization = min(1.0, whole.kernel_busy / step_time) if step_time else 0.0
     hbm = hbm_peak(ops, hbm_static)
     if um is not None:
         hbm = resident_peak(hbm, hw.hbm.capacity_bytes)
