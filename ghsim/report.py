@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
+from ghsim.graph.ops import KERNEL_CATEGORIES, Op
 from ghsim.sim.engine import Schedule
 from ghsim.sim.memory import TierPeak
 
@@ -140,53 +140,6 @@ def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: 
     if host.peak_bytes > hw.host.capacity_bytes:
         problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
     return tuple(problems)
-
-
-def _waited_for(i: int, timeline: Timeline) -> str:
-    """What the GPU stream's op i waited for, when it started after the stream went idle."""
-    sched = timeline.schedule
-    start = sched.start[i]
-    for d in timeline.deps[i]:
-        if abs(sched.end[d] - start) < 1e-12:
-            cat = timeline.ops[d].category
-            if cat == "communication":  # a collective on another stream (several GPUs)
-                return "communication"
-            return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
-    if abs(sched.issue[i] - start) < 1e-12:
-        return "wait_host_launch"
-    return "wait_other"
-
-
-class Coverage:
-    """Time covered by disjoint, ordered intervals, asked of many spans (prefix sums, no scan per span)."""
-
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        if len(starts) > 1 and (starts[1:] < ends[:-1]).any():  # not one in-order stream: merge overlaps
-            order = np.argsort(starts, kind="stable")
-            starts, ends = starts[order], np.maximum.accumulate(ends[order])
-            first = np.concatenate(([True], starts[1:] > ends[:-1]))  # where a merged interval begins
-            starts, ends = starts[first], np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
-        self.starts, self.ends = starts, ends
-        self.before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # covered before interval k
-
-    def upto(self, t: float) -> float:
-        k = int(np.searchsorted(self.starts, t, side="right"))  # intervals starting at or before t
-        return float(self.before[k - 1] + min(t, self.ends[k - 1]) - self.starts[k - 1]) if k else 0.0
-
-    def over(self, x: float, y: float) -> float:
-        if len(self.starts) == 0 or y <= x:
-            return 0.0
-        return self.upto(y) - self.upto(x)
-
-
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length covered by intervals [starts, ends)."""
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    holes = s[1:] - e[:-1]
-    return float(e[-1] - s[0] - holes[holes > 0].sum())
 
 
 def render_table(r: StepReport) -> str:
