@@ -1,4 +1,5 @@
-"""simulate() for plans on more than one GPU: data, tensor, pipeline and expert parallelism, ZeRO.
+"""The simulator of every plan: data, tensor, pipeline and expert parallelism, ZeRO; one GPU is
+the degenerate layout (tp = pp = dp = 1), whose micro-batches run in a row at kernel level.
 
 Two levels, so that 1024 GPUs cost no more than a few ranks:
 
