@@ -12,7 +12,6 @@ from ghsim.graph import ops as K
 from ghsim.graph.offload import resolve
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan
-from ghsim.report import Timeline
 from ghsim.sim.memory import TierPeak
 
 if TYPE_CHECKING:
@@ -53,11 +52,6 @@ class HostTraffic:
         """The same work done k times."""
         return HostTraffic(self.bytes_h2d * k, self.bytes_d2h * k, tuple(b * k for b in self.busy_s),
                            self.cpu_optimizer_s * k)
-
-
-def offload_section(timeline: Timeline, breakdown: dict[str, float], plan: Plan, hw: Hardware) -> dict[str, Any]:
-    sched = timeline.schedule
-    return traffic_section(HostTraffic.of(timeline.ops, sched.start, sched.end), breakdown, plan, hw)
 
 
 def traffic_section(traffic: HostTraffic, breakdown: dict[str, float], plan: Plan, hw: Hardware) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, UM, Op
+from ghsim.graph.ops import KERNEL_CATEGORIES, Op
 from ghsim.sim.engine import Schedule
 from ghsim.sim.memory import TierPeak
 
@@ -99,6 +99,19 @@ BREAKDOWN_KEYS = KERNEL_CATEGORIES + ("memcpy", "um_migration", "wait_cpu", "wai
                                       "wait_other", "wait_kernel_gaps")
 
 
+def model_flops(model, plan) -> float:
+    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention.
+
+    With LoRA the frozen weights need no weight gradients: 4 per parameter per
+    token (forward and input gradients), and the adapters are negligible.
+    """
+    tokens = plan.tokens_per_step
+    matmul_params = model.active_params_per_token - model.embedding_params  # the embedding is a lookup
+    attn = 12 * model.num_layers * plan.seq * model.q_dim / 2  # causal: half of QK^T and PV, x3 for bwd
+    per_param = 4 if plan.lora_rank else 6
+    return tokens * (per_param * matmul_params + attn)
+
+
 def step_fields(model, hw, plan, model_flops_per_step: float) -> dict[str, Any]:
     """The StepReport fields that follow from the inputs alone (both simulators share them)."""
     return {
@@ -127,134 +140,6 @@ def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: 
     if host.peak_bytes > hw.host.capacity_bytes:
         problems.append(f"host peak {host.peak_bytes / 1e9:.1f} GB > {hw.host.capacity_bytes / 1e9:.0f} GB")
     return tuple(problems)
-
-
-def gpu_busy_and_breakdown(timeline: Timeline, step_time: float) -> tuple[float, dict[str, float]]:
-    """Kernel-busy fraction of the step (as nsys shows it) and where the step's time goes.
-
-    The breakdown walks the GPU compute stream: kernel time by category, copies
-    issued on it, and the gaps between them, attributed to what the next op
-    waited for (the host issuing kernels, or CPU work). It sums to the step time.
-    """
-    ops, sched = timeline.ops, timeline.schedule
-    start, end = sched.start, sched.end
-    on_gpu = np.fromiter((op.resource == "gpu" for op in ops), bool, len(ops))
-    is_kernel = np.fromiter((op.category in KERNEL_CATEGORIES for op in ops), bool, len(ops))
-    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    gpu_idx = np.flatnonzero(on_gpu)
-    gap = timeline.lead_gap if timeline.lead_gap is not None else np.zeros(len(ops))
-    breakdown["wait_kernel_gaps"] = float(gap[gpu_idx].sum())
-    body = start + gap  # kernels run after their launch gap; the gap is idle
-    dur = end[gpu_idx] - body[gpu_idx]
-    # time per distinct op object (replicated layers share them), then by category
-    per_op: dict[int, list] = {}
-    for i, d in zip(gpu_idx.tolist(), dur.tolist()):
-        entry = per_op.get(id(ops[i]))
-        if entry is None:
-            per_op[id(ops[i])] = [ops[i], d]
-        else:
-            entry[1] += d
-    for op, d in per_op.values():
-        if op.category not in KERNEL_CATEGORIES:
-            continue
-        for cat, share in op.split or ((op.category, 1.0),):
-            breakdown[cat] += d * share
-    is_um = np.fromiter((ops[i].category == UM for i in gpu_idx), bool, len(gpu_idx))
-    breakdown["memcpy"] = float(dur[~is_kernel[gpu_idx] & ~is_um].sum())
-    breakdown["um_migration"] = float(dur[is_um].sum())  # unified-memory faults stall the stream
-    # gaps on the stream: start of each op minus the latest end before it
-    cursor = np.maximum.accumulate(np.concatenate(([0.0], end[gpu_idx])))
-    gaps = start[gpu_idx] - cursor[:-1]
-    # CPU work the issuing thread blocks on (a CPU optimizer step in the training loop)
-    blocking = np.fromiter((op.category == CPU and op.host_waits for op in ops), bool, len(ops))
-    blocked = Coverage(start[blocking], end[blocking])
-    for k in np.flatnonzero(gaps > 0):
-        reason = _waited_for(int(gpu_idx[k]), timeline)
-        on_cpu = 0.0
-        if reason in ("wait_host_launch", "wait_other"):  # the host may have been stuck in CPU work
-            on_cpu = blocked.over(float(cursor[k]), float(start[gpu_idx[k]]))
-        elif reason == "wait_transfer":  # a copy that itself waited for CPU work (an optimizer step)
-            on_cpu = _copy_waiting_on_cpu(int(gpu_idx[k]), float(cursor[k]), timeline)
-        breakdown["wait_cpu"] += on_cpu
-        breakdown[reason] += float(gaps[k]) - on_cpu
-    last_gpu = float(cursor[-1]) if len(cursor) else 0.0
-    tail = step_time - last_gpu
-    if tail > 0:  # the step ends on another resource: the CPU, or copies still landing
-        cpu = np.fromiter((op.category == CPU for op in ops), bool, len(ops))
-        on_cpu = _overlap(last_gpu, step_time, start[cpu], end[cpu])
-        breakdown["wait_cpu"] += on_cpu
-        copies = np.fromiter((op.category == COPY for op in ops), bool, len(ops))
-        rest = "wait_transfer" if copies.any() and end[copies].max() > last_gpu else "wait_cpu"
-        breakdown[rest] += tail - on_cpu
-    kernels = np.flatnonzero(is_kernel & (end > body))
-    busy = _union_length(body[kernels], end[kernels])
-    return busy / step_time if step_time > 0 else 0.0, breakdown
-
-
-def _waited_for(i: int, timeline: Timeline) -> str:
-    """What the GPU stream's op i waited for, when it started after the stream went idle."""
-    sched = timeline.schedule
-    start = sched.start[i]
-    for d in timeline.deps[i]:
-        if abs(sched.end[d] - start) < 1e-12:
-            cat = timeline.ops[d].category
-            if cat == "communication":  # a collective on another stream (several GPUs)
-                return "communication"
-            return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
-    if abs(sched.issue[i] - start) < 1e-12:
-        return "wait_host_launch"
-    return "wait_other"
-
-
-def _copy_waiting_on_cpu(i: int, gap_start: float, timeline: Timeline) -> float:
-    """Of a gap before GPU op i, the part its awaited copy spent waiting for a CPU op."""
-    sched, ops = timeline.schedule, timeline.ops
-    for d in timeline.deps[i]:
-        if ops[d].category != COPY or abs(sched.end[d] - sched.start[i]) > 1e-12:
-            continue
-        for c in timeline.deps[d]:
-            if ops[c].category == CPU and abs(sched.end[c] - sched.start[d]) < 1e-12:
-                return max(0.0, min(float(sched.start[d]), float(sched.start[i])) - gap_start)
-    return 0.0
-
-
-def _overlap(a: float, b: float, starts: np.ndarray, ends: np.ndarray) -> float:
-    """Length of [a, b] covered by disjoint intervals [starts, ends) (one in-order resource)."""
-    if len(starts) == 0 or b <= a:
-        return 0.0
-    return float(np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None).sum())
-
-
-class Coverage:
-    """Time covered by disjoint, ordered intervals, asked of many spans (prefix sums, no scan per span)."""
-
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        if len(starts) > 1 and (starts[1:] < ends[:-1]).any():  # not one in-order stream: merge overlaps
-            order = np.argsort(starts, kind="stable")
-            starts, ends = starts[order], np.maximum.accumulate(ends[order])
-            first = np.concatenate(([True], starts[1:] > ends[:-1]))  # where a merged interval begins
-            starts, ends = starts[first], np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
-        self.starts, self.ends = starts, ends
-        self.before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # covered before interval k
-
-    def upto(self, t: float) -> float:
-        k = int(np.searchsorted(self.starts, t, side="right"))  # intervals starting at or before t
-        return float(self.before[k - 1] + min(t, self.ends[k - 1]) - self.starts[k - 1]) if k else 0.0
-
-    def over(self, x: float, y: float) -> float:
-        if len(self.starts) == 0 or y <= x:
-            return 0.0
-        return self.upto(y) - self.upto(x)
-
-
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length covered by intervals [starts, ends)."""
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], np.maximum.accumulate(ends[order])
-    holes = s[1:] - e[:-1]
-    return float(e[-1] - s[0] - holes[holes > 0].sum())
 
 
 def render_table(r: StepReport) -> str:

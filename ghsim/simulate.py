@@ -1,34 +1,17 @@
 """simulate(): model + hardware + plan -> StepReport. The one entry point the CLI, the
-search and the validation call."""
+search and the validation call; every plan, one GPU included (tp = pp = dp = 1), runs
+through the layout simulator (simulate_parallel.py)."""
 
 from __future__ import annotations
 
-
 from ghsim.cost.calibration import Calibration, load_calibration
-from ghsim.cost.compute import CostModel, LaunchCosts
-from ghsim.cost.hostlink import HostSide
-from ghsim.graph.offload import check_offload
-from ghsim.graph.offload import resolve as resolve_offload
-from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, resident_peak
-from ghsim.host_summary import offload_section, per_node, unified_memory_section
 from ghsim.errors import GhsimError
 from ghsim.graph.parallel import check_layout
-from ghsim.graph.states import check_host_capacity, single_gpu_states
-from ghsim.graph.step import build_step
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
-from ghsim.report import StepReport, Timeline, fit_problems, gpu_busy_and_breakdown, mfu_dtype, step_fields
-from ghsim.sim import engine
-from ghsim.sim.memory import hbm_peak, host_peak
+from ghsim.report import StepReport
 from ghsim.simulate_parallel import simulate_parallel
-
-RESOURCES = (
-    engine.Resource("gpu"),  # the compute stream
-    engine.Resource("h2d"),  # copy engine, host to device
-    engine.Resource("d2h"),  # copy engine, device to host
-    engine.Resource("cpu"),  # host cores doing optimizer or data work
-)
 
 
 def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
@@ -46,80 +29,7 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
         raise GhsimError("fp8 with LoRA is not modeled: LoRA adapters run in bf16 (drop --precision fp8)")
 
 
-def model_flops(model: ModelSpec, plan: Plan) -> float:
-    """Model FLOPs of one step (no recompute): 6 per active parameter per token plus attention.
-
-    With LoRA the frozen weights need no weight gradients: 4 per parameter per
-    token (forward and input gradients), and the adapters are negligible.
-    """
-    tokens = plan.tokens_per_step
-    matmul_params = model.active_params_per_token - model.embedding_params  # the embedding is a lookup
-    attn = 12 * model.num_layers * plan.seq * model.q_dim / 2  # causal: half of QK^T and PV, x3 for bwd
-    per_param = 4 if plan.lora_rank else 6
-    return tokens * (per_param * matmul_params + attn)
-
-
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
-    if plan.gpus > 1:  # one rank per pipeline stage, the others by symmetry
-        return simulate_parallel(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)
-    check_offload(plan)
-    cal = calibration or load_calibration(hw.calibration)
-    host_side = HostSide.of(hw, plan, cal)  # per-GPU shares of host link, CPU and host memory
-    account = single_gpu_states(model, plan)
-    host_static = account.host  # per GPU
-    check_host_capacity(host_static, host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
-    cost = CostModel(hw, cal, host_side, LaunchCosts.of(hw, cal, plan))
-    graph = build_step(model, plan, price=cost.duration)
-    hbm_static = account.hbm
-    um = None
-    if plan.unified_memory:  # pages beyond HBM spill to the host and come back on demand
-        graph, um = apply_unified_memory(graph, hbm_static, hw, cost.duration)
-        host_static = {**host_static, "um_spilled": um.spilled_bytes} if um.spilled_bytes else host_static
-    ops = graph.ops
-    resources = RESOURCES + (engine.Resource("loader"),)  # data-loader pool, releasing batches at its rate
-    names = [r.name for r in resources]
-    sched, lead_gap = engine.run_ops(resources, ops, graph.deps, lambda o: cost.issue_cost(o, plan.cuda_graphs),
-                                     lambda o: cost.kernel_gap(o, plan.cuda_graphs))
-    timeline = Timeline(ops, names, sched, graph.deps, graph.layer, graph.microbatch, lead_gap)
-    step_time = sched.makespan
-    utilization, breakdown = gpu_busy_and_breakdown(timeline, step_time)
-    hbm = hbm_peak(ops, hbm_static)
-    if um is not None:
-        hbm = resident_peak(hbm, hw.hbm.capacity_bytes)
-    host = per_node(host_peak(ops, host_static), host_side.node_gpus)
-    problems = fit_problems(hbm, host, hw, check_hbm=um is None)
-    peak_dtype = mfu_dtype(plan.precision.value)
-    notes = [f"precision semantics: {plan.framework.value}"
-             + (" (frozen base weights in 16 bits, fp32 adapters under autocast)" if plan.lora_rank and
-                plan.precision.is_mixed else
-                " (fp32 params, autocast casts weights and inputs per op)" if plan.framework.value == "torch-amp"
-                and plan.precision.is_mixed else ""),
-             f"MFU is relative to the {peak_dtype} dense peak"]
-    if plan.zero:  # accepted, as DeepSpeed accepts it: sharding over one rank changes nothing
-        notes.append(f"ZeRO stage {plan.zero} on one GPU shards over one rank: no saving, simulated as stage 0"
-                     + (" (offload still applies)" if plan.offload else ""))
-    return StepReport(
-        step_time_s=step_time,
-        **step_fields(model, hw, plan, model_flops(model, plan)),
-        gpu_utilization=utilization,
-        time_breakdown_s=breakdown,
-        hbm=hbm,
-        host=host,
-        fit_problems=tuple(problems),
-        notes=tuple(notes),
-        timeline=timeline if keep_timeline else None,
-        extra=_host_sections(timeline, breakdown, plan, hw, um, step_time),
-    )
-
-
-def _host_sections(timeline: Timeline, breakdown: dict[str, float], plan: Plan, hw: Hardware,
-                   um: UnifiedMemoryUse | None, step_time: float) -> dict:
-    """The report's "offload" and "unified_memory" sections, for plans that have them."""
-    out = {}
-    if resolve_offload(plan).any:
-        out["offload"] = offload_section(timeline, breakdown, plan, hw)
-    if um is not None:
-        out["unified_memory"] = unified_memory_section(um, breakdown, step_time)
-    return out
+    return simulate_parallel(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)

@@ -1,4 +1,5 @@
-"""simulate() for plans on more than one GPU: data, tensor, pipeline and expert parallelism, ZeRO.
+"""The simulator of every plan: data, tensor, pipeline and expert parallelism, ZeRO; one GPU is
+the degenerate layout (tp = pp = dp = 1), whose micro-batches run in a row at kernel level.
 
 Two levels, so that 1024 GPUs cost no more than a few ranks:
 
@@ -31,14 +32,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ghsim.breakdown import OpColumns, Segment, window
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.compute import CostModel, LaunchCosts
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
+from ghsim.errors import GhsimError
+from ghsim.graph import ops as K
 from ghsim.graph.offload import check_offload
 from ghsim.graph.offload import resolve as resolve_offload
-from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
-from ghsim.graph import ops as K
-from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, Op
+from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.parallel import (
     Chunk,
     Layout,
@@ -47,29 +50,19 @@ from ghsim.graph.parallel import (
     stage_params,
 )
 from ghsim.graph.states import check_host_capacity, kept_states, rank_states
-from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
+from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes, schedule_pipeline
+from ghsim.graph.step import loader_seconds
+from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, unified_memory_use
 from ghsim.hardware import Hardware
-from ghsim.host_summary import HostTraffic, per_node, traffic_section
+from ghsim.host_summary import per_node
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
-from ghsim.report import BREAKDOWN_KEYS, Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
+from ghsim.report import StepReport, Timeline, fit_problems
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
+from ghsim.step_report import SteppedPlan, assemble
 
 COMM_STREAMS = ("tp", "dp", "ep")
-HOST_SIDE = ("h2d", "d2h", "cpu")  # offload's copy engines and host cores
-# streams whose ops do not hold up the compute stream's spans: gradient reductions, memory
-# markers, and offload's copies and CPU work (timed apart: after backward, in the optimizer)
-NOT_COMPUTE = ("dp", "mem", "loader") + HOST_SIDE
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A window of a kernel-level run: its length, where its time went, its kernel-busy time."""
-
-    seconds: float
-    breakdown: dict[str, float]
-    kernel_busy: float
 
 
 @dataclass(frozen=True)
@@ -78,6 +71,7 @@ class MicrobatchRun:
     schedule: engine.Schedule
     times: dict[str, float]  # t_fwd, t_bwd, t_dp, t_opt, makespan
     segments: dict[str, Segment]  # fwd, bwd, opt (opt: from the end of reductions to the end)
+    timeline: Timeline  # the kernel-level run (a one-stage, one-micro-batch step shows it)
 
 
 def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
@@ -115,92 +109,11 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
         "bwd": window(tl, t_fwd, t_bwd, cols),
         "opt": window(tl, max(t_bwd, t_dp), t_opt, cols),
     }
-    return MicrobatchRun(mb, sched, times, segments)
+    return MicrobatchRun(mb, sched, times, segments, tl)
 
 
 def _latest(ends: np.ndarray, floor: float) -> float:
     return max(floor, float(ends.max())) if len(ends) else floor
-
-
-# where a compute-stream op's time goes: its kernels' categories, or a copy
-_STREAM_CATEGORIES = KERNEL_CATEGORIES + ("memcpy",)
-
-
-@dataclass(frozen=True)
-class OpColumns:
-    """What window() and run_microbatch() ask of every op, as arrays (built once per run)."""
-
-    on_gpu: np.ndarray  # on the compute stream
-    side: np.ndarray  # on another stream (not "gpu", not the memory markers)
-    kernel: np.ndarray  # a GPU kernel category (counts toward kernel-busy time)
-    cpu: np.ndarray  # host-core work
-    not_compute: np.ndarray  # does not hold up the compute stream's spans (NOT_COMPUTE)
-    host_side: np.ndarray  # offload copies and CPU work
-    opt_phase: np.ndarray
-    dp_bwd: np.ndarray  # a backward gradient reduction
-    shares: np.ndarray  # (ops, _STREAM_CATEGORIES): how a compute-stream op's busy time splits
-
-    @staticmethod
-    def of(distinct: list[Op], rows: np.ndarray) -> "OpColumns":
-        """Columns of the ops `distinct[rows]`."""
-        col = {c: k for k, c in enumerate(_STREAM_CATEGORIES)}
-        flags, shares = [], []
-        for op in distinct:
-            r = op.resource
-            flags.append((r == "gpu", r not in ("gpu", "mem"), op.category in KERNEL_CATEGORIES, op.category == CPU,
-                          r in NOT_COMPUTE, r in HOST_SIDE, op.phase == "opt", r == "dp" and op.phase == "bwd"))
-            share = [0.0] * len(col)
-            if op.category in KERNEL_CATEGORIES:  # composite ops split over the categories of their kernels
-                for cat, part in op.split or ((op.category, 1.0),):
-                    share[col[cat]] += part
-            else:
-                share[col["memcpy" if op.category == COPY else "other"]] = 1.0
-            shares.append(share)
-        f = np.array(flags, bool).reshape(-1, 8)[rows]
-        return OpColumns(*f.T, shares=np.array(shares).reshape(-1, len(col))[rows])
-
-
-def window(tl: Timeline, a: float, b: float, cols: OpColumns) -> Segment:
-    """Where the compute stream's time in [a, b) went (kernels by category, and what it waited for)."""
-    ops, sched = tl.ops, tl.schedule
-    start, end = sched.start, sched.end
-    lead = tl.lead_gap if tl.lead_gap is not None else np.zeros(len(ops))
-    body = start + lead  # kernels run after their launch gap; the gap is idle
-    out: dict[str, float] = {}
-    on_cpu = Coverage(start[cols.cpu], end[cols.cpu])  # host cores (one in-order pool): an offloaded optimizer
-
-    def wait(key: str, x: float, y: float) -> None:
-        """The stream idles over [x, y) for `key`; while host cores work, for them (as on one GPU)."""
-        cpu_s = on_cpu.over(x, y) if key.startswith("wait_") and key != "wait_cpu" else 0.0
-        if cpu_s:
-            out["wait_cpu"] = out.get("wait_cpu", 0.0) + cpu_s
-        out[key] = out.get(key, 0.0) + y - x - cpu_s
-
-    # the compute stream's ops in the window, in order (one stream: they never overlap)
-    g = np.flatnonzero(cols.on_gpu & (end > a) & (start < b))
-    s, e = np.maximum(start[g], a), np.minimum(end[g], b)
-    cursor = np.maximum.accumulate(np.concatenate(([a], e)))  # cursor[k]: where the stream was before op k
-    for k in np.flatnonzero(s > cursor[:-1]):
-        wait(_waited_for(int(g[k]), tl), float(cursor[k]), float(s[k]))
-    s = np.maximum(s, cursor[:-1])
-    runs = e > s
-    idle = np.where(runs, np.clip(np.minimum(body[g], e) - s, 0.0, None), 0.0)
-    if idle.any():
-        out["wait_kernel_gaps"] = float(idle.sum())
-    for cat, t in zip(_STREAM_CATEGORIES, np.where(runs, e - s - idle, 0.0) @ cols.shares[g]):
-        if t:
-            out[cat] = out.get(cat, 0.0) + float(t)
-    last = float(cursor[-1])
-    if b > last:  # the window ends on another stream: a collective, a copy or the CPU
-        ending = np.flatnonzero(cols.side & (end > a) & (end <= b + 1e-12))
-        key = ops[int(ending[np.argmax(end[ending])])].category if len(ending) else "wait_other"
-        key = {CPU: "wait_cpu", COPY: "wait_transfer"}.get(key, key)
-        key = key if key in KERNEL_CATEGORIES or key.startswith("wait_") else "wait_other"
-        wait(key, last, b)
-    # kernel-busy time: kernels of every stream (communication too), overlaps counted once
-    lo, hi = np.maximum(body, a), np.minimum(end, b)
-    busy = cols.kernel & (hi > lo)
-    return Segment(b - a, out, _union_length(lo[busy], hi[busy]))
 
 
 def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> ChunkTimes:
@@ -266,18 +179,61 @@ def chunk_run(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, lay
     """chunk_graph() at kernel level (run once per plan)."""
     key = ("run", layers, kind, final)
     if key not in rank.built:
-        rank.built[key] = run_microbatch(chunk_graph(model, plan, rank, layers, kind, final), hw, rank.cost, plan)
+        rank.built[key] = run_microbatch(_runnable(model, hw, plan, rank, layers, kind, final), hw, rank.cost, plan)
     return rank.built[key]
+
+
+def _runnable(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int, kind: tuple[bool, bool],
+              final: bool) -> MicrobatchGraph:
+    """chunk_graph() with what only its timing needs: unified memory's page migrations."""
+    mb = chunk_graph(model, plan, rank, layers, kind, final)
+    if plan.unified_memory:
+        mb = with_unified_memory(mb, unified_memory_of(model, hw, plan, rank), rank.price)
+    return mb
+
+
+def chains_microbatches(layout: Layout, plan: Plan) -> bool:
+    """One GPU: no pipeline to schedule, the step is its micro-batches one after another, run at
+    kernel level in a row (copies and host work of one micro-batch overlap the next, as they do)."""
+    return layout.gpus == 1 and plan.grad_accum > 1
 
 
 def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int) -> Runs:
     """Each kind of chunk, `layers` decoder layers long, at kernel level: the step's last
-    micro-batch and (with gradient accumulation) one in the middle of the step."""
+    micro-batch and (with gradient accumulation) one in the middle of the step; on one GPU,
+    the whole step (every micro-batch in a row) as its 'last micro-batch'."""
     runs: Runs = {}
     for kind in set(chunk_kinds(rank.layout)):
+        if chains_microbatches(rank.layout, plan):
+            middle = _runnable(model, hw, plan, rank, layers, kind, False)
+            step = _chain([middle] * (plan.grad_accum - 1) + [_runnable(model, hw, plan, rank, layers, kind, True)],
+                          loader_seconds(plan) if plan.batch_prep_s > 0 and plan.dataloader_workers else 0.0)
+            run = run_microbatch(step, hw, rank.cost, plan)
+            runs[kind] = (run, run)
+            continue
         final = chunk_run(model, hw, plan, rank, layers, kind, True)
         runs[kind] = (final, chunk_run(model, hw, plan, rank, layers, kind, False) if plan.grad_accum > 1 else final)
     return runs
+
+
+def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
+    """Micro-batch graphs in a row, as one (the marks are the last one's). With a data-loader
+    pool, every micro-batch after the first waits for its batch: the pool delivers one every
+    `loader_s` seconds on its own in-order resource."""
+    g = OpGraph()
+    base = 0
+    for m, mb in enumerate(mbs):
+        base = len(g)
+        for i, op in enumerate(mb.graph.ops):
+            if m and loader_s and op.phase == "data" and op.resource == "loader":
+                op = replace(op, seconds=loader_s, duration=loader_s)
+            g.ops.append(op)
+            g.deps.append(tuple(d + base for d in mb.graph.deps[i]))
+            g.layer.append(mb.graph.layer[i])
+            g.microbatch.append(m)
+    last = mbs[-1]
+    return replace(last, graph=g, fwd_last=base + last.fwd_last, bwd_last=base + last.bwd_last,
+                   tail_first=base + last.tail_first)
 
 
 def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, bar: float = math.inf) -> float:
@@ -393,128 +349,46 @@ def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration
 def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
                       keep_timeline: bool = True, fabric: Fabric | None = None,
                       host_side: HostSide | None = None, rank: RankPricing | None = None) -> StepReport:
-    """`fabric` and `host_side` replace the links and the per-GPU host share the hardware implies;
-    `rank` (from prepare()) brings what is already built for this plan (step_memory)."""
-    from ghsim.simulate import model_flops  # (simulate imports this module)
-
+    """The step of any layout (one GPU: tp = pp = dp = 1). `fabric` and `host_side` replace the
+    links and the per-GPU host share the hardware implies; `rank` (from prepare()) brings what is
+    already built for this plan (step_memory)."""
     rank = rank or prepare(model, hw, plan, calibration, fabric, host_side)
-    layout, host_side, fabric = rank.layout, rank.host_side, rank.fabric
-    groups = rank.groups
+    layout = rank.layout
     per_chunk = model.num_layers // layout.chunks
     kind_of = chunk_kinds(layout)
-    M, pp, v = plan.grad_accum, layout.pp, layout.interleave
+    um = unified_memory_of(model, hw, plan, rank) if plan.unified_memory else None
     runs = run_chunks(model, hw, plan, rank, per_chunk)
-    pipe = schedule_pipeline(pp, v, M, *pipeline_inputs(model, plan, rank, runs))
-    step_time = pipe.schedule.makespan
-
-    # --- time breakdown and utilization of each stage ------------------------------------------
-    gpu_ops, last_end = _ops_by_stage(pipe, pp)
-    dur = pipe.schedule.end - pipe.schedule.start
-    busy = [float(dur[ops].sum()) for ops in gpu_ops]
-    rep = max(range(pp), key=lambda d: busy[d])  # the busiest stage: the pipeline's bottleneck
-    breakdown, utilization = _stage_breakdown(pipe, gpu_ops[rep], last_end[rep], step_time, runs, kind_of, pp)
-
-    # --- memory of each stage ------------------------------------------------------------------
+    # a data-loader pool paces the micro-batches (chained ones wait for it at kernel level)
+    pool = plan.batch_prep_s > 0 and plan.dataloader_workers > 0 and not chains_microbatches(layout, plan)
+    M = 1 if chains_microbatches(layout, plan) else plan.grad_accum  # a chain is the step's one 'micro-batch'
+    pipe = schedule_pipeline(layout.pp, layout.interleave, M, *pipeline_inputs(model, plan, rank, runs),
+                             loader_s=loader_seconds(plan) if pool else 0.0)
     memory = step_memory(model, hw, plan, rank)
-    stage_mem, hbm, host, problems = memory.stages, memory.hbm, memory.host, memory.problems
-    bubble = breakdown.get("pipeline_bubble", 0.0)
-    exposed = breakdown.get("communication", 0.0)
-    parallel = {
-        "summary": (f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} on {layout.nodes} node(s); {M} micro-batch(es) "
-                    f"per rank; pipeline bubble {bubble / step_time:.1%}, communication on the critical path "
-                    f"{exposed * 1e3:.1f} ms (stage {rep})") if step_time > 0 else "",
-        "layout": {"gpus": layout.gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
-                   "gpus_per_node": layout.gpus_per_node, "nodes": layout.nodes, "interleave": v,
-                   "sequence_parallel": layout.split().sequence_parallel, "micro_batches": M},
-        "groups": {name: {"size": g.size, "per_node": g.per_node, "nodes": g.nodes,
-                          "bus_bandwidth_Bps": fabric.bus_bw(g) if g.size > 1 else 0.0}
-                   for name, g in groups.items()},
-        "representative_stage": rep,
-        "pipeline_bubble_fraction": bubble / step_time if step_time > 0 else 0.0,
-        "stages": [{"stage": d, "busy_s": busy[d], "idle_s": step_time - busy[d],
-                    "hbm_peak_bytes": stage_mem[d][0].peak_bytes,
-                    "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()},
-                    "model_state_bytes": _stage_model_states(model, plan, layout, d)}
-                   for d in range(pp)],
-        "microbatch": {("first" if k[0] else "") + ("last" if k[1] else "") or "middle":
-                       {"forward_s": r[0].times["t_fwd"], "backward_s": r[0].times["t_bwd"] - r[0].times["t_fwd"],
-                        "grad_reduction_tail_s": max(0.0, r[0].times["t_dp"] - r[0].times["t_bwd"]),
-                        "optimizer_s": r[0].times["t_opt"] - max(r[0].times["t_bwd"], r[0].times["t_dp"])}
-                       for k, r in runs.items()},
-    }
-    return StepReport(
-        step_time_s=step_time,
-        **step_fields(model, hw, plan, model_flops(model, plan)),
-        gpu_utilization=utilization,
-        time_breakdown_s=breakdown,
-        hbm=hbm,
-        host=host,
-        fit_problems=tuple(problems),
-        notes=tuple(_notes(plan, layout, hw, host_side)),
-        timeline=(Timeline(pipe.graph.ops, [r.name for r in pipe.resources], pipe.schedule, pipe.graph.deps,
-                           pipe.graph.layer, pipe.graph.microbatch) if keep_timeline else None),
-        extra={"parallel": parallel, **_offload_extra(plan, hw, runs, kind_of, rep, layout, breakdown)},
-    )
+    states = [_stage_model_states(model, plan, layout, d) for d in range(layout.pp)]
+    return assemble(SteppedPlan(model, hw, plan, layout, rank.host_side, rank.fabric, runs, kind_of, pipe,
+                                memory.stages, memory.worst, states, M, um), keep_timeline)
 
 
-def _ops_by_stage(pipe: PipelineRun, pp: int) -> tuple[list[list[int]], list[float]]:
-    """Each stage's compute-stream ops, in order, and the time its last op of any kind ends."""
-    gpu = [[] for _ in range(pp)]
-    last_end = [0.0] * pp
-    end = pipe.schedule.end
-    for i, op in enumerate(pipe.graph.ops):
-        d = pipe.stage_of[i]
-        if op.resource.startswith("gpu"):
-            gpu[d].append(i)
-        if end[i] > last_end[d]:
-            last_end[d] = float(end[i])
-    return gpu, last_end
+def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> UnifiedMemoryUse:
+    """What spills under --unified-memory and comes back each step (one GPU: graph/unified_memory.py),
+    from the replay of the step's last micro-batch. Built once per plan."""
+    if "unified_memory" not in rank.built:
+        layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+        if layout.chunks > 1:
+            raise GhsimError("--unified-memory with pipeline stages is not modeled: what spills depends on "
+                             "every stage's in-flight micro-batches (use --offload)")
+        per_chunk = model.num_layers // layout.chunks
+        final = chunk_graph(model, plan, rank, per_chunk, kind_of[0], True)
+        static = rank_states(plan, layout.dp, stage_params(model, plan, layout, 0)).hbm
+        rank.built["unified_memory"] = unified_memory_use(final.graph, static, hw, plan.grad_accum)
+    return rank.built["unified_memory"]
 
 
-def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, step_time: float,
-                     runs, kind_of, pp: int) -> tuple[dict[str, float], float]:
-    """A stage's compute stream over the step (its ops `gpu_ops`): each aggregated op's kernel-level
-    breakdown, the gaps between them (pipeline bubbles, or exposed gradient reduction); and its
-    kernel-busy share of the step."""
-    g, sched = pipe.graph, pipe.schedule
-    out: dict[str, float] = dict.fromkeys(BREAKDOWN_KEYS + ("pipeline_bubble",), 0.0)
-    cursor, kernel = 0.0, 0.0
-    for i in gpu_ops:
-        s, e = sched.start[i], sched.end[i]
-        if s > cursor:
-            waited = [k for k in g.deps[i] if abs(sched.end[k] - s) < 1e-12]
-            key = "communication" if any(pipe.segment[k] == "comm" for k in waited) else "pipeline_bubble"
-            out[key] += s - cursor
-            if key == "communication":  # NCCL kernels run while the compute stream waits
-                kernel += s - cursor
-        seg = _segment_of(pipe, i, runs, kind_of, pp)
-        if seg is not None and seg.seconds > 0:
-            for k, t in seg.breakdown.items():
-                out[k] = out.get(k, 0.0) + t * (e - s) / seg.seconds
-            kernel += seg.kernel_busy * (e - s) / seg.seconds
-        else:
-            out["other"] += e - s
-        cursor = max(cursor, e)
-    if step_time > cursor:  # the step ends on this stage's data-parallel link, or on another stage
-        ends_here = abs(last_end - step_time) < 1e-12
-        out["communication" if ends_here else "pipeline_bubble"] += step_time - cursor
-        if ends_here:
-            kernel += step_time - cursor
-    out = {k: float(t) for k, t in out.items()}
-    return out, min(1.0, kernel / step_time) if step_time else 0.0
-
-
-def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | None:
-    seg = pipe.segment[i]
-    if seg == "opt":
-        d = pipe.stage_of[i]
-        # the optimizer of stage d: sum its chunks' optimizer windows (all alike in breakdown)
-        return runs[kind_of[d]][0].segments["opt"]
-    c = pipe.graph.layer[i]
-    j = c * pp + pipe.stage_of[i]
-    final, middle = runs[kind_of[j]]
-    run = final if seg.startswith("final") else middle
-    return run.segments["fwd" if seg.endswith("fwd") else "bwd"]
+def with_unified_memory(mb: MicrobatchGraph, um: UnifiedMemoryUse, price) -> MicrobatchGraph:
+    """The micro-batch with its page migrations; its marks follow the ops they name."""
+    graph, moved = apply_unified_memory(mb.graph, um, price)
+    at = lambda i: moved[i] if i < len(moved) else len(graph)  # noqa: E731 (tail_first may be past the end)
+    return replace(mb, graph=graph, fwd_last=at(mb.fwd_last), bwd_last=at(mb.bwd_last), tail_first=at(mb.tail_first))
 
 
 def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_by_kind, kind_of,
@@ -558,49 +432,3 @@ def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int) ->
 
 def _mem_marker(tag: str, nbytes: float) -> Op:
     return Op(name=tag, category="other", kind=K.HOST_WORK, resource="mem", kernels=0).change_hbm(tag, nbytes)
-
-
-def _offload_extra(plan: Plan, hw: Hardware, runs, kind_of, rep: int, layout: Layout,
-                   breakdown: dict[str, float]) -> dict:
-    """The report's "offload" section for one GPU of the representative stage, over the whole step:
-    its chunks' last micro-batch once and their other micro-batches M - 1 times each."""
-    if not resolve_offload(plan).any:
-        return {}
-    M = plan.grad_accum
-    traffic = HostTraffic()
-    for c in range(layout.interleave):
-        final, middle = runs[kind_of[c * layout.pp + rep]]
-        for run, times in ((final, 1), (middle, M - 1)):
-            if times:
-                ops, sched = run.mb.graph.ops, run.schedule
-                traffic += HostTraffic.of(ops, sched.start, sched.end).times(times)
-    section = traffic_section(traffic, breakdown, plan, hw)
-    section["per_gpu"] = True  # bytes, busy and CPU times are one GPU's; every GPU does the same
-    return {"offload": section}
-
-
-def _notes(plan: Plan, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
-    notes = [f"precision semantics: {plan.framework.value}",
-             f"parallel layout: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}"
-             + (f" (ep {layout.ep})" if layout.ep > 1 else "")
-             + f" on {layout.nodes} node(s) of {layout.gpus_per_node} GPUs; one rank per pipeline stage simulated",
-             "communication kernels overlapping compute slow it by their SM share "
-             f"({NCCL_CTAS} CTAs per collective, an assumption)"]
-    if plan.zero and layout.dp == 1:
-        notes.append(f"ZeRO stage {plan.zero} with one data-parallel rank shards over one rank: "
-                     "no saving, simulated as stage 0")
-    if layout.tp > layout.gpus_per_node:
-        notes.append(f"tensor parallelism ({layout.tp}) spans nodes: its collectives cross the network")
-    if plan.batch_prep_s:
-        notes.append("multi-GPU plans do not model the host data pipeline (--batch-prep-ms is ignored)")
-    setup = resolve_offload(plan)
-    if setup.any:
-        shard = f"its 1/{setup.shard} shard" if setup.shard > 1 else "a full replica"
-        if hw.host_link.is_c2c:
-            host_share = "each GPU uses its own Grace, LPDDR5X and C2C link"
-        else:
-            host_share = (f"{host.node_gpus} GPU(s) per node share its CPU cores and memory bandwidth"
-                          + (f", {host.link_sharers} share each host link" if host.link_sharers > 1 else ""))
-        notes.append(f"offload ({setup.schedule.value}): every rank offloads {shard} of the offloaded state; "
-                     f"{host_share}; host memory is per node")
-    return notes

@@ -5,11 +5,11 @@ import math
 import pytest
 
 from ghsim.errors import GhsimError
-from ghsim.graph.step import build_step
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model
 from ghsim.plan import Plan, Precision, Recompute
 from ghsim.simulate import simulate
+from step_graphs import step_graph
 
 H100 = load_hardware("h100-sxm")
 SMALL = load_model("llama-2-7b")
@@ -74,7 +74,7 @@ def test_every_template_tensor_is_freed(cal):
     for rc in Recompute:
         for prec in (Precision.BF16, Precision.FP32, Precision.FP8):
             plan = Plan(seq=512, recompute=rc, precision=prec)
-            graph = build_step(SMALL, plan, CostModel(H100, cal).duration)
+            graph = step_graph(SMALL, H100, plan, cal)
             net = {}
             for op in graph.ops:
                 for tag, b in (op.hbm_by_tag or {}).items():

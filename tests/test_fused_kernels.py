@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 from ghsim.cost.calibration import load_calibration
 from ghsim.cost.compute import CostModel
 from ghsim.graph import ops as K
-from ghsim.graph.step import _layer_templates, build_step
+from ghsim.graph.step import _layer_templates
 from ghsim.graph.transformer import LayerBuilder, LayerSplit
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute
 from ghsim.simulate import simulate
+from step_graphs import step_graph
 
 HW = load_hardware("h100-sxm")
 CAL = load_calibration("h100")  # the measured curves: fused kernels are priced from "copy" and "add"
@@ -56,7 +57,7 @@ def valid(plan: Plan) -> bool:
 
 
 def kernels(model: ModelSpec, plan: Plan) -> int:
-    return sum(op.kernels for op in build_step(model, plan, CostModel(HW, CAL).duration).ops
+    return sum(op.kernels for op in step_graph(model, HW, plan, CAL).ops
                if op.resource == "gpu" and op.category in K.KERNEL_CATEGORIES)
 
 

@@ -12,11 +12,11 @@ from ghsim.cost.compute import CostModel
 from ghsim.cost.hostlink import HostSide
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
-from ghsim.graph.step import build_step
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model, model_from_dict
 from ghsim.plan import OffloadSchedule, Plan, plan_from_dict
 from ghsim.simulate import simulate
+from step_graphs import step_graph
 
 H100 = load_hardware("h100-sxm")
 PCIE = load_hardware("h100-pcie")
@@ -36,7 +36,7 @@ def run(cal, hw=H100, model=SMALL, **plan):
 
 def graph_of(cal, hw=H100, model=SMALL, **plan):
     p = make_plan(**plan)
-    return build_step(model, p, CostModel(hw, cal, HostSide.of(hw, p, cal)).duration)
+    return step_graph(model, hw, p, cal)
 
 
 def named(graph, name):

@@ -30,7 +30,7 @@ from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards
-from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, param_counts, priced_templates
+from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, input_ops, param_counts, priced_templates
 from ghsim.graph.transformer import Dtypes, LayerSplit
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
@@ -346,6 +346,9 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads / dp))
     # --- forward -------------------------------------------------------------------------
     if emb_fwd:
+        data = input_ops(plan, price)  # the micro-batch's tokens, from the host's data loader
+        if data:
+            rg.extend(data)
         rg.extend(emb_fwd)
         tp_collective("embedding.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE, tp_bytes, "fwd")
     else:

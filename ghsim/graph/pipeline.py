@@ -92,8 +92,11 @@ def peak_inflight_bytes(pp: int, v: int, M: int, d: int, saved: list[float]) -> 
     return peak, peak_count
 
 
-def schedule_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: list[StageTail]) -> PipelineRun:
-    """Schedule M micro-batches through pp stages of v chunks each; chunks[j] is virtual stage j."""
+def schedule_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: list[StageTail],
+                      loader_s: float = 0.0) -> PipelineRun:
+    """Schedule M micro-batches through pp stages of v chunks each; chunks[j] is virtual stage j.
+    `loader_s`: a data-loader pool delivers a batch every loader_s seconds (the first one
+    prefetched during the previous step); the first chunk's forward of a micro-batch waits for it."""
     J = pp * v
     items: list[list[tuple]] = []  # per stage: (key, resource, seconds, dep keys, segment, chunk, mb)
     for d in range(pp):
@@ -105,6 +108,9 @@ def schedule_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: 
             last_mb = m == M - 1
             if kind == FWD:
                 deps = [("PF", j - 1, m)] if j > 0 else []
+                if j == 0 and loader_s > 0:
+                    seq.append((("L", m), "loader", loader_s if m else 0.0, [], "data", -1, m))
+                    deps = [("L", m)]
                 seq.append(((FWD, j, m), f"gpu{d}", t.final_fwd_s if last_mb else t.fwd_s, deps,
                             "final_fwd" if last_mb else "fwd", c, m))
                 if j < J - 1:

@@ -1,7 +1,9 @@
-"""The op graph of a whole training step on one GPU: embedding, layers, loss, optimizer.
+"""Op templates of a training step: a layer's forward and backward, the loss, the embedding,
+the optimizer and the data loader's batch; parameter counts and the static HBM they imply.
 
 Layers are identical, so one layer's forward and backward are built once as
-templates and replicated; that is what makes an 80-layer model cheap to build.
+templates and replicated (graph/parallel.build_microbatch); that is what makes an
+80-layer model cheap to build.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.graph import ops as K
-from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.ops import Op
 from ghsim.graph.optimizer import adamw_launches, gpu_adamw
 from ghsim.graph.transformer import (
     LEARNED_POSITION_FWD_KERNELS,
@@ -24,9 +26,7 @@ from ghsim.graph.transformer import (
     _dtyped,
 )
 from ghsim.model import ModelSpec
-from ghsim.graph.offload import StepFacts, apply_offload
 from ghsim.graph.offload import resolve as resolve_offload
-from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.offload import sync_activation_offload
 from ghsim.plan import OffloadSchedule, Plan, Recompute
 
@@ -67,7 +67,7 @@ def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSpli
     fwd = b.ops
     weight_cache = [n for n in b.t.live if n.endswith(".w16")] if full else []
     cache_bytes = sum(b.t.live[n] for n in weight_cache)
-    for n in weight_cache:  # autocast's cache frees them when the forward ends (see build_step)
+    for n in weight_cache:  # autocast's cache frees them when the forward ends (see graph/parallel.build_microbatch)
         del b.t.live[n]
     saved = sum(v for k, v in b.t.live.items() if k not in ("x", "x_next"))
     del b.t.live["x_next"]  # from here on, it is the next layer's "x"
@@ -274,74 +274,32 @@ def priced_templates(model: ModelSpec, plan: Plan, price: Callable[[Op], float],
     return t
 
 
-def build_step(model: ModelSpec, plan: Plan, price: Callable[[Op], float]) -> OpGraph:
-    """All ops of one optimizer step (every micro-batch of gradient accumulation) on one GPU.
-
-    `price` gives an op's duration; it is called once per template op, not per
-    replicated layer.
-    """
-    t = priced_templates(model, plan, price)
-    fwd, bwd, loss_fwd, loss_bwd, emb_fwd, emb_bwd = (t[k] for k in ("fwd", "bwd", "loss_fwd", "loss_bwd",
-                                                                     "emb_fwd", "emb_bwd"))
-    cache_bytes, saved = t["cache_bytes"], t["saved_per_layer"]
-    offload = resolve_offload(plan)
-    optimizer = [] if offload.optimizer else _optimizer_ops(model, plan, param_counts(model, plan))
-    data = _input_ops(plan)
-    for op in data + optimizer:
-        op.duration = price(op)
-    graph = OpGraph()
-    L = model.num_layers
-    later = {"loss_bwd": accumulating(loss_bwd), "bwd": accumulating(bwd), "emb_bwd": accumulating(emb_bwd)}
-    for mb in range(plan.grad_accum):
-        mb_start = len(graph)
-        graph.extend(data, microbatch=mb)
-        if data and mb == 0 and plan.dataloader_workers:  # prefetched during the previous step
-            graph.own(mb_start).duration = 0.0
-        graph.extend(emb_fwd, microbatch=mb)
-        for layer in range(L):
-            graph.extend(fwd, layer=layer, microbatch=mb)
-        graph.extend(loss_fwd, microbatch=mb)
-        if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
-            graph.own(graph.last).change_hbm("weight_copies", -cache_bytes * L)
-        graph.extend(later["loss_bwd"] if mb else loss_bwd, microbatch=mb)
-        for layer in reversed(range(L)):
-            graph.extend(later["bwd"] if mb else bwd, layer=layer, microbatch=mb)
-        graph.extend(later["emb_bwd"] if mb else emb_bwd, microbatch=mb)
-    graph.extend(optimizer)
-    if offload.any:  # copies, CPU work and the offloaded optimizer (graph/offload.py)
-        graph = apply_offload(graph, model, plan, _offload_facts(model, plan, saved), price)
-    return graph
-
-
-def _offload_facts(model: ModelSpec, plan: Plan, saved: float) -> StepFacts:
-    counts = param_counts(model, plan)
-    dt = Dtypes.of(plan)
-    x_bytes = plan.micro_batch * plan.seq * model.hidden_size * dt.residual
-    return StepFacts(trainable=counts.trainable, n_tensors=counts.n_tensors,
-                     saved_per_layer=offload_saved_bytes(plan, saved, x_bytes),
-                     gpu_param_width=dt.param, layer_params=model.layer_params)
-
-
-def _input_ops(plan: Plan) -> list[Op]:
-    """Preparing a micro-batch on the host and copying its token ids to the GPU.
+def input_ops(plan: Plan, price: Callable[[Op], float]) -> list[Op]:
+    """Preparing a micro-batch on the host and copying its token ids to the GPU, priced.
 
     With 0 workers the training process prepares each batch itself, so the
-    host (and then the GPU) waits for it. With N workers, in steady state the
-    pool delivers a batch every prep/N seconds, prefetching while the step
-    runs: resource "loader" releases batches at that rate, the first one ready
-    when the step starts (build_step zeroes it). No ops when the plan has no
+    host (and then the GPU) waits for it. With N workers the pool prefetches
+    while the step runs: the micro-batch finds its batch ready, and the pool's
+    rate (a batch every prep/N seconds) paces the step's micro-batches in the
+    pipeline schedule (graph/pipeline.py). No ops when the plan has no
     host-side preparation cost (synthetic batches already on the GPU).
     """
     if plan.batch_prep_s <= 0:
         return []
     token_bytes = 2 * plan.micro_batch * plan.seq * 8  # input ids and labels, int64
     in_process = plan.dataloader_workers == 0
-    per_batch = plan.batch_prep_s / max(1, plan.dataloader_workers)
     prep = Op(name="dataloader.batch", category=K.CPU, kind=K.HOST_WORK, resource="cpu" if in_process else "loader",
-              seconds=per_batch, host_waits=in_process, kernels=0, phase="data")
-    copy = Op(name="batch.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=token_bytes, deps=(0,),
-              kernels=0, phase="data")
-    return [prep, copy]
+              seconds=loader_seconds(plan) if in_process else 0.0, host_waits=in_process, kernels=0, phase="data")
+    h2d = Op(name="batch.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=token_bytes, deps=(0,),
+             kernels=0, phase="data")
+    for op in (prep, h2d):
+        op.duration = price(op)
+    return [prep, h2d]
+
+
+def loader_seconds(plan: Plan) -> float:
+    """Seconds between two batches of the data loader (its preparation time over its workers)."""
+    return plan.batch_prep_s / max(1, plan.dataloader_workers)
 
 
 def accumulating(template: list[Op]) -> list[Op]:

@@ -50,6 +50,12 @@ class UnifiedMemoryUse:
     optimizer_working_set_bytes: float
     migrated_bytes: float  # paged to the GPU per step (faults or access counters)
     in_place_bytes: float  # read in place over a coherent link per step
+    # where the migrations go: bytes before each forward (and backward) layer of every
+    # micro-batch, and before the optimizer (read in place or migrated)
+    per_forward_layer_bytes: float = 0.0
+    per_backward_layer_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    optimizer_in_place: bool = False
 
     @property
     def active(self) -> bool:
@@ -67,55 +73,70 @@ class UnifiedMemoryUse:
         }
 
 
-def apply_unified_memory(graph: OpGraph, static: dict[str, float], hw: Hardware,
-                         price: Callable[[Op], float]) -> tuple[OpGraph, UnifiedMemoryUse]:
-    ops = graph.ops
+# fragments the compute phase does not touch: evicted first when the step overflows HBM
+COLD_IN_COMPUTE = ("optimizer_states", "master_params")
+
+
+def unified_memory_use(final: OpGraph, static: dict[str, float], hw: Hardware, microbatches: int
+                       ) -> UnifiedMemoryUse:
+    """What overflows HBM and must come back each step, from the kernel-level graph of the step's
+    last micro-batch (the one holding the most: earlier micro-batches' gradients, the optimizer)
+    and what HBM holds all step (`static`); every one of the step's `microbatches` migrates alike."""
+    ops = final.ops
     capacity = hw.hbm.capacity_bytes
     _, demand, _ = hbm_replay(ops, sum(static.values()))  # HBM in use while each op runs
     peak = float(demand.max()) if len(demand) else sum(static.values())
-    is_opt = np.fromiter((o.phase == "opt" and o.resource == "gpu" for o in ops), bool, len(ops))
-    cold_in_compute = static.get("optimizer_states", 0.0)
+    is_opt = _optimizer_ops(ops)
+    cold_in_compute = sum(static.get(k, 0.0) for k in COLD_IN_COMPUTE)
     w_compute = float(demand[~is_opt].max()) - cold_in_compute if (~is_opt).any() else 0.0
     w_opt = float(demand[is_opt].max()) if is_opt.any() else 0.0
     overflow = max(0.0, peak - capacity)
     if overflow <= 0:
-        return graph, UnifiedMemoryUse(peak, capacity, 0.0, w_compute, w_opt, 0.0, 0.0)
-
-    runs = find_runs(graph)
-    fwd_layers = [r for r in runs if r.direction == FWD and r.layer >= 0]
-    bwd_layers = [r for r in runs if r.direction == BWD and r.layer >= 0]
+        return UnifiedMemoryUse(peak, capacity, 0.0, w_compute, w_opt, 0.0, 0.0)
+    runs = find_runs(final)
+    fwd_layers = microbatches * sum(1 for r in runs if r.direction == FWD and r.layer >= 0)
+    bwd_layers = microbatches * sum(1 for r in runs if r.direction == BWD and r.layer >= 0)
     back_compute = min(w_compute, overflow)  # evicted by the optimizer phase, touched again in forward
     thrash = max(0.0, w_compute - capacity)  # per sweep, when the compute phase alone does not fit
     back_opt = min(w_opt, overflow) if is_opt.any() else 0.0
     in_place = hw.unified_memory.access_in_place and hw.host_link.gpu_reads_host_in_place
+    per_fwd = (back_compute + thrash) / fwd_layers if fwd_layers else 0.0
+    per_bwd = thrash / bwd_layers if bwd_layers and thrash > 0 else 0.0
+    migrated = per_fwd * fwd_layers + per_bwd * bwd_layers + (0.0 if in_place else back_opt)
+    return UnifiedMemoryUse(peak, capacity, overflow, w_compute, w_opt, migrated, back_opt if in_place else 0.0,
+                            per_fwd, per_bwd, back_opt, in_place)
 
+
+def _optimizer_ops(ops: list[Op]) -> np.ndarray:
+    return np.fromiter((o.phase == "opt" and o.resource == "gpu" for o in ops), bool, len(ops))
+
+
+def apply_unified_memory(graph: OpGraph, um: UnifiedMemoryUse, price: Callable[[Op], float]
+                         ) -> tuple[OpGraph, list[int]]:
+    """The micro-batch's graph with its page migrations placed where the data is first touched
+    (before each forward and backward layer, before the optimizer), and where each op moved to."""
+    if not um.active:
+        return graph, list(range(len(graph)))
+    runs = find_runs(graph)
     rw = Rewriter(graph)
-    migrated = in_place_bytes = 0.0
-    if fwd_layers:
-        per_fwd = (back_compute + thrash) / len(fwd_layers)
-        op = _um_op("um.migrate.fwd", per_fwd, "fwd", in_place=False)
+    for direction, nbytes, name, phase in ((FWD, um.per_forward_layer_bytes, "um.migrate.fwd", "fwd"),
+                                           (BWD, um.per_backward_layer_bytes, "um.migrate.bwd", "bwd")):
+        if nbytes <= 0:
+            continue
+        op = _um_op(name, nbytes, phase, in_place=False)
         op.duration = price(op)
-        for r in fwd_layers:
-            rw.insert_before(r.first, New(op, [], r.layer, graph.microbatch[r.first]))
-        migrated += per_fwd * len(fwd_layers)
-    if bwd_layers and thrash > 0:
-        per_bwd = thrash / len(bwd_layers)
-        op = _um_op("um.migrate.bwd", per_bwd, "bwd", in_place=False)
-        op.duration = price(op)
-        for r in bwd_layers:
-            rw.insert_before(r.first, New(op, [], r.layer, graph.microbatch[r.first]))
-        migrated += per_bwd * len(bwd_layers)
-    if back_opt > 0:
+        for r in runs:
+            if r.direction == direction and r.layer >= 0:
+                rw.insert_before(r.first, New(op, [], r.layer, graph.microbatch[r.first]))
+    is_opt = _optimizer_ops(graph.ops)
+    if um.optimizer_bytes > 0 and is_opt.any():
         first_opt = int(np.flatnonzero(is_opt)[0])
         # the optimizer streams its moments once: read in place where the link allows it
-        op = _um_op("um.optimizer", back_opt, "opt", in_place=in_place)
+        op = _um_op("um.optimizer", um.optimizer_bytes, "opt", in_place=um.optimizer_in_place)
         op.duration = price(op)
         rw.insert_before(first_opt, New(op, [], -1, graph.microbatch[first_opt]))
-        if in_place:
-            in_place_bytes += back_opt
-        else:
-            migrated += back_opt
-    return rw.build(), UnifiedMemoryUse(peak, capacity, overflow, w_compute, w_opt, migrated, in_place_bytes)
+    out = rw.build()
+    return out, rw.mapping
 
 
 def _um_op(name: str, nbytes: float, phase: str, in_place: bool) -> Op:

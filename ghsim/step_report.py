@@ -1,0 +1,266 @@
+"""The StepReport of a simulated step, assembled once for every layout (one GPU is tp = pp = dp = 1):
+where the busiest pipeline stage's time went, the "parallel", "offload" and "unified_memory"
+sections, and the notes that say what was assumed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ghsim.breakdown import Segment
+from ghsim.cost.hostlink import HostSide
+from ghsim.cost.links import NCCL_CTAS, Fabric
+from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.parallel import Layout
+from ghsim.graph.pipeline import PipelineRun
+from ghsim.graph.unified_memory import UnifiedMemoryUse, resident_peak
+from ghsim.hardware import Hardware
+from ghsim.host_summary import HostTraffic, traffic_section, unified_memory_section
+from ghsim.model import ModelSpec
+from ghsim.plan import Plan
+from ghsim.report import BREAKDOWN_KEYS, StepReport, Timeline, fit_problems, mfu_dtype, model_flops, step_fields
+from ghsim.sim.memory import TierPeak, hbm_replay
+
+# what a gap on a stage's compute stream waited for, by the segment of the op it waited on
+_GAP_KEYS = {"comm": "communication", "data": "wait_cpu"}
+# with one data-parallel rank the link after a backward carries no collective, only offloaded
+# gradients still landing on the host: the stage waits for a transfer, and no NCCL kernel runs
+_ONE_RANK_GAP_KEYS = {**_GAP_KEYS, "comm": "wait_transfer"}
+
+
+@dataclass(frozen=True)
+class SteppedPlan:
+    """What the simulator found for a plan, ready to be reported."""
+
+    model: ModelSpec
+    hw: Hardware
+    plan: Plan
+    layout: Layout
+    host_side: HostSide
+    fabric: Fabric
+    runs: dict  # chunk kind -> (final, middle) MicrobatchRun
+    kind_of: list  # chunk kind of each virtual stage
+    pipe: PipelineRun
+    stages: list  # per stage: (HBM TierPeak of one GPU, host TierPeak of its node)
+    worst: int  # the stage with the highest HBM peak
+    model_states: list  # per stage: its model-state bytes
+    scheduled_microbatches: int  # micro-batches the pipeline scheduled (1: the step ran as one chain)
+    unified_memory: UnifiedMemoryUse | None = None
+
+
+def assemble(s: SteppedPlan, keep_timeline: bool) -> StepReport:
+    """The report: step time and breakdown of the busiest stage, memory of the worst ones, sections."""
+    pipe, layout, plan, hw = s.pipe, s.layout, s.plan, s.hw
+    step_time = pipe.schedule.makespan
+    gpu_ops, last_end = _ops_by_stage(pipe, layout.pp)
+    dur = pipe.schedule.end - pipe.schedule.start
+    busy = [float(dur[ops].sum()) for ops in gpu_ops]
+    rep = max(range(layout.pp), key=lambda d: busy[d])  # the busiest stage: the pipeline's bottleneck
+    breakdown, utilization = _stage_breakdown(pipe, gpu_ops[rep], last_end[rep], step_time, s.runs, s.kind_of,
+                                              layout.pp, _ONE_RANK_GAP_KEYS if layout.gpus == 1 else _GAP_KEYS)
+    hbm, host, problems = _memory(s)
+    extra = {**_offload_extra(plan, hw, s.runs, s.kind_of, rep, layout, breakdown, s.scheduled_microbatches)}
+    if layout.gpus > 1:
+        extra = {"parallel": _parallel_section(s, busy, rep, breakdown, step_time), **extra}
+    if s.unified_memory is not None:
+        extra["unified_memory"] = unified_memory_section(s.unified_memory, breakdown, step_time)
+    timeline, hbm, host = _timeline(s, hbm, host) if keep_timeline else (None, hbm, host)
+    return StepReport(
+        step_time_s=step_time,
+        **step_fields(s.model, hw, plan, model_flops(s.model, plan)),
+        gpu_utilization=utilization,
+        time_breakdown_s=breakdown,
+        hbm=hbm,
+        host=host,
+        fit_problems=tuple(problems),
+        notes=tuple(_notes(plan, layout, hw, s.host_side)),
+        timeline=timeline,
+        extra=extra,
+    )
+
+
+def _memory(s: SteppedPlan) -> tuple[TierPeak, TierPeak, tuple[str, ...]]:
+    """HBM of the worst stage's GPU, host memory of the fullest node, and what does not fit.
+    Under unified memory HBM holds at most its capacity and the spill sits on the host."""
+    hbm = replace(s.stages[s.worst][0], curve=None)  # the curve follows one micro-batch, not the step
+    host = replace(max((h for _, h in s.stages), key=lambda h: h.peak_bytes), curve=None)
+    um = s.unified_memory
+    if um is not None:
+        hbm = resident_peak(hbm, s.hw.hbm.capacity_bytes)
+        if um.spilled_bytes:
+            node = s.host_side.node_gpus
+            host = TierPeak(host.peak_bytes + um.spilled_bytes * node, host.peak_op,
+                            {**host.breakdown, "um_spilled": um.spilled_bytes * node}, None)
+    where = f" on pipeline stage {s.worst}" if s.layout.pp > 1 else ""
+    return hbm, host, fit_problems(hbm, host, s.hw, where, check_hbm=um is None)
+
+
+def _timeline(s: SteppedPlan, hbm: TierPeak, host: TierPeak) -> tuple[Timeline, TierPeak, TierPeak]:
+    """One stage and one micro-batch: the kernel-level run is the step, and the memory curves
+    follow its ops (HBM replayed from what the stage's replay starts with, its static bytes: the
+    leading pipeline marker adds none with one stage). Otherwise the pipeline's ops, no curves."""
+    pipe = s.pipe
+    if s.layout.chunks > 1 or s.scheduled_microbatches > 1:
+        return Timeline(pipe.graph.ops, [r.name for r in pipe.resources], pipe.schedule, pipe.graph.deps,
+                        pipe.graph.layer, pipe.graph.microbatch), hbm, host
+    final = s.runs[s.kind_of[0]][0]
+    stage_hbm, stage_host = s.stages[0]
+    if stage_hbm.curve is not None and len(stage_hbm.curve):
+        curve, _, _ = hbm_replay(final.timeline.ops, float(stage_hbm.curve[0]))
+        if s.unified_memory is not None:
+            curve = np.minimum(curve, s.hw.hbm.capacity_bytes)
+        hbm = replace(hbm, curve=curve)
+    if stage_host.curve is not None and len(stage_host.curve) == len(final.timeline.ops):
+        host = replace(host, curve=stage_host.curve)  # (unified memory inserts ops: no host curve then)
+    return final.timeline, hbm, host
+
+
+def _parallel_section(s: SteppedPlan, busy: list[float], rep: int, breakdown: dict[str, float],
+                      step_time: float) -> dict:
+    layout, M, stage_mem = s.layout, s.plan.grad_accum, s.stages
+    bubble = breakdown.get("pipeline_bubble", 0.0)
+    exposed = breakdown.get("communication", 0.0)
+    return {
+        "summary": (f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} on {layout.nodes} node(s); {M} micro-batch(es) "
+                    f"per rank; pipeline bubble {bubble / step_time:.1%}, communication on the critical path "
+                    f"{exposed * 1e3:.1f} ms (stage {rep})") if step_time > 0 else "",
+        "layout": {"gpus": layout.gpus, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
+                   "gpus_per_node": layout.gpus_per_node, "nodes": layout.nodes, "interleave": layout.interleave,
+                   "sequence_parallel": layout.split().sequence_parallel, "micro_batches": M},
+        "groups": {name: {"size": g.size, "per_node": g.per_node, "nodes": g.nodes,
+                          "bus_bandwidth_Bps": s.fabric.bus_bw(g) if g.size > 1 else 0.0}
+                   for name, g in layout.groups().items()},
+        "representative_stage": rep,
+        "pipeline_bubble_fraction": bubble / step_time if step_time > 0 else 0.0,
+        "stages": [{"stage": d, "busy_s": busy[d], "idle_s": step_time - busy[d],
+                    "hbm_peak_bytes": stage_mem[d][0].peak_bytes,
+                    "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()},
+                    "model_state_bytes": s.model_states[d]}
+                   for d in range(layout.pp)],
+        "microbatch": {("first" if k[0] else "") + ("last" if k[1] else "") or "middle":
+                       {"forward_s": r[0].times["t_fwd"], "backward_s": r[0].times["t_bwd"] - r[0].times["t_fwd"],
+                        "grad_reduction_tail_s": max(0.0, r[0].times["t_dp"] - r[0].times["t_bwd"]),
+                        "optimizer_s": r[0].times["t_opt"] - max(r[0].times["t_bwd"], r[0].times["t_dp"])}
+                       for k, r in s.runs.items()},
+    }
+
+
+def _ops_by_stage(pipe: PipelineRun, pp: int) -> tuple[list[list[int]], list[float]]:
+    """Each stage's compute-stream ops, in order, and the time its last op of any kind ends."""
+    gpu = [[] for _ in range(pp)]
+    last_end = [0.0] * pp
+    end = pipe.schedule.end
+    for i, op in enumerate(pipe.graph.ops):
+        d = pipe.stage_of[i]
+        if op.resource.startswith("gpu"):
+            gpu[d].append(i)
+        if end[i] > last_end[d]:
+            last_end[d] = float(end[i])
+    return gpu, last_end
+
+
+def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, step_time: float,
+                     runs, kind_of, pp: int, gap_keys: dict[str, str]) -> tuple[dict[str, float], float]:
+    """A stage's compute stream over the step (its ops `gpu_ops`): each aggregated op's kernel-level
+    breakdown, the gaps between them (pipeline bubbles, or exposed gradient reduction); and its
+    kernel-busy share of the step."""
+    g, sched = pipe.graph, pipe.schedule
+    out: dict[str, float] = dict.fromkeys(BREAKDOWN_KEYS + ("pipeline_bubble",), 0.0)
+    cursor, kernel = 0.0, 0.0
+    for i in gpu_ops:
+        s, e = sched.start[i], sched.end[i]
+        if s > cursor:
+            waited = [k for k in g.deps[i] if abs(sched.end[k] - s) < 1e-12]
+            key = gap_keys.get(next((pipe.segment[k] for k in waited if pipe.segment[k] in gap_keys), ""),
+                               "pipeline_bubble")
+            out[key] += s - cursor
+            if key == "communication":  # NCCL kernels run while the compute stream waits
+                kernel += s - cursor
+        seg = _segment_of(pipe, i, runs, kind_of, pp)
+        if seg is not None and seg.seconds > 0:
+            for k, t in seg.breakdown.items():
+                out[k] = out.get(k, 0.0) + t * (e - s) / seg.seconds
+            kernel += seg.kernel_busy * (e - s) / seg.seconds
+        else:
+            out["other"] += e - s
+        cursor = max(cursor, e)
+    if step_time > cursor:  # the step ends on this stage's data-parallel link, or on another stage
+        ends_here = abs(last_end - step_time) < 1e-12
+        out[gap_keys["comm"] if ends_here else "pipeline_bubble"] += step_time - cursor
+        if ends_here and gap_keys["comm"] == "communication":
+            kernel += step_time - cursor
+    out = {k: float(t) for k, t in out.items()}
+    return out, min(1.0, kernel / step_time) if step_time else 0.0
+
+
+def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | None:
+    seg = pipe.segment[i]
+    if seg == "opt":
+        d = pipe.stage_of[i]
+        # the optimizer of stage d: sum its chunks' optimizer windows (all alike in breakdown)
+        return runs[kind_of[d]][0].segments["opt"]
+    c = pipe.graph.layer[i]
+    j = c * pp + pipe.stage_of[i]
+    final, middle = runs[kind_of[j]]
+    run = final if seg.startswith("final") else middle
+    return run.segments["fwd" if seg.endswith("fwd") else "bwd"]
+
+
+def _offload_extra(plan: Plan, hw: Hardware, runs, kind_of, rep: int, layout: Layout,
+                   breakdown: dict[str, float], M: int) -> dict:
+    """The report's "offload" section for one GPU of the representative stage, over the whole step:
+    its chunks' last micro-batch once and their other micro-batches M - 1 times each."""
+    if not resolve_offload(plan).any:
+        return {}
+    traffic = HostTraffic()
+    for c in range(layout.interleave):
+        final, middle = runs[kind_of[c * layout.pp + rep]]
+        for run, times in ((final, 1), (middle, M - 1)):
+            if times:
+                ops, sched = run.mb.graph.ops, run.schedule
+                traffic += HostTraffic.of(ops, sched.start, sched.end).times(times)
+    section = traffic_section(traffic, breakdown, plan, hw)
+    if layout.gpus > 1:
+        section["per_gpu"] = True  # bytes, busy and CPU times are one GPU's; every GPU does the same
+    return {"offload": section}
+
+
+def _notes(plan: Plan, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
+    if layout.gpus == 1:
+        return _one_gpu_notes(plan)
+    notes = [f"precision semantics: {plan.framework.value}",
+             f"parallel layout: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}"
+             + (f" (ep {layout.ep})" if layout.ep > 1 else "")
+             + f" on {layout.nodes} node(s) of {layout.gpus_per_node} GPUs; one rank per pipeline stage simulated",
+             "communication kernels overlapping compute slow it by their SM share "
+             f"({NCCL_CTAS} CTAs per collective, an assumption)"]
+    if plan.zero and layout.dp == 1:
+        notes.append(f"ZeRO stage {plan.zero} with one data-parallel rank shards over one rank: "
+                     "no saving, simulated as stage 0")
+    if layout.tp > layout.gpus_per_node:
+        notes.append(f"tensor parallelism ({layout.tp}) spans nodes: its collectives cross the network")
+    setup = resolve_offload(plan)
+    if setup.any:
+        shard = f"its 1/{setup.shard} shard" if setup.shard > 1 else "a full replica"
+        if hw.host_link.is_c2c:
+            host_share = "each GPU uses its own Grace, LPDDR5X and C2C link"
+        else:
+            host_share = (f"{host.node_gpus} GPU(s) per node share its CPU cores and memory bandwidth"
+                          + (f", {host.link_sharers} share each host link" if host.link_sharers > 1 else ""))
+        notes.append(f"offload ({setup.schedule.value}): every rank offloads {shard} of the offloaded state; "
+                     f"{host_share}; host memory is per node")
+    return notes
+
+
+def _one_gpu_notes(plan: Plan) -> list[str]:
+    peak_dtype = mfu_dtype(plan.precision.value)
+    amp = plan.framework.value == "torch-amp" and plan.precision.is_mixed
+    notes = [f"precision semantics: {plan.framework.value}"
+             + (" (frozen base weights in 16 bits, fp32 adapters under autocast)" if plan.lora_rank and
+                plan.precision.is_mixed else " (fp32 params, autocast casts weights and inputs per op)" if amp else ""),
+             f"MFU is relative to the {peak_dtype} dense peak"]
+    if plan.zero:  # accepted, as DeepSpeed accepts it: sharding over one rank changes nothing
+        notes.append(f"ZeRO stage {plan.zero} on one GPU shards over one rank: no saving, simulated as stage 0"
+                     + (" (offload still applies)" if plan.offload else ""))
+    return notes
