@@ -58,7 +58,7 @@ def assemble(s: SteppedPlan, keep_timeline: bool) -> StepReport:
     busy = [float(dur[ops].sum()) for ops in gpu_ops]
     rep = max(range(layout.pp), key=lambda d: busy[d])  # the busiest stage: the pipeline's bottleneck
     breakdown, utilization = _stage_breakdown(pipe, gpu_ops[rep], last_end[rep], step_time, s.runs, s.kind_of,
-                                              layout.pp, _ONE_RANK_GAP_KEYS if layout.gpus == 1 else _GAP_KEYS)
+                                              layout.pp, _ONE_RANK_GAP_KEYS if layout.dp == 1 else _GAP_KEYS)
     hbm, host, problems = _memory(s)
     extra = {**_offload_extra(plan, hw, s.runs, s.kind_of, rep, layout, breakdown, s.scheduled_microbatches)}
     if layout.gpus > 1:
