@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.cost.calibration import Calibration, attention_features
-from ghsim.cost.flops import gemm_flops
-from ghsim.cost.hostlink import TORCH_CPU_ADAM, HostSide
-from ghsim.graph import ops as K
-from ghsim.graph.ops import Op
-from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS
+from ghsim.graph.flops import gemm_flops
+from ghsim.cost.hostlink import HostSide
+from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
+from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, CpuAdam, GpuAdam
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan, Precision, Recompute
 
@@ -64,9 +63,9 @@ class LaunchCosts:
         return cls(*measured)
 
     def per_kernel(self, phase: str) -> float:
-        if phase in ("bwd", "recompute"):
+        if phase in (Phase.BWD, Phase.RECOMPUTE):
             return self.bwd_s
-        if phase == "opt":
+        if phase == Phase.OPT:
             return self.opt_s
         return self.fwd_s
 
@@ -136,22 +135,22 @@ class CostModel:
 
     # --- host side ------------------------------------------------------------
     def cpu_optimizer_time(self, params: float, impl: str = "") -> float:
-        return self.host.cpu_optimizer_time(params, impl or TORCH_CPU_ADAM)
+        return self.host.cpu_optimizer_time(params, impl or CpuAdam.TORCH)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""
-        if op.resource not in ("gpu",):
-            return self.hw.kernel_launch_s if op.kind in (K.H2D, K.D2H) else 0.0
+        if op.resource != Resource.GPU:
+            return self.hw.kernel_launch_s if op.kind in (Kind.H2D, Kind.D2H) else 0.0
         if cuda_graphs:
             return op.kernels * self.hw.cuda_graph_kernel_s
         if self.launch is None:
             return op.kernels * self.hw.kernel_launch_s
-        if op.kind == K.OPT_GPU:
+        if op.kind == Kind.OPT_GPU:
             # the measured cost is per optimizer call (Python, foreach bookkeeping);
             # the extra chunk launches of each call cost a bare launch
-            calls = min(op.kernels, FOREACH_ADAMW_CALLS if op.variant == "foreach" else FUSED_ADAMW_CALLS)
+            calls = min(op.kernels, FOREACH_ADAMW_CALLS if op.variant == GpuAdam.FOREACH else FUSED_ADAMW_CALLS)
             return calls * self.launch.opt_s + (op.kernels - calls) * self.hw.kernel_launch_s
-        if op.kind == K.MEMBOUND and op.category == "optimizer":
+        if op.kind == Kind.MEMBOUND and op.category == Category.OPTIMIZER:
             # a fused optimizer's other multi-tensor passes (Megatron's gradient norm, master copy):
             # one call each, its further chunk launches at a bare launch
             return self.launch.opt_s + max(op.kernels - 1, 0) * self.hw.kernel_launch_s
@@ -160,36 +159,36 @@ class CostModel:
     def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:
         """GPU idle before the op's kernels: the per-kernel front-end cost of stream launches
         (zero when replayed from a CUDA graph, whose measured per-kernel cost is the kernel's own)."""
-        if cuda_graphs or op.resource != "gpu" or op.category not in K.KERNEL_CATEGORIES:
+        if cuda_graphs or op.resource != Resource.GPU or op.category not in KERNEL_CATEGORIES:
             return 0.0
         return op.kernels * self.cal.kernel_gap_s
 
     def duration(self, op: Op) -> float:
         kind = op.kind
-        if kind == K.GEMM:
+        if kind == Kind.GEMM:
             m, n, k = op.shape
             if op.variant == "batched":
                 return self.batched_gemm_time(op)
             return self.gemm_time(m, n, k, op.dtype)
-        if kind == K.ATTN_FWD:
+        if kind == Kind.ATTN_FWD:
             return self.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype)
-        if kind == K.ATTN_BWD:
+        if kind == Kind.ATTN_BWD:
             return self.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype)
-        if kind == K.MEMBOUND:
+        if kind == Kind.MEMBOUND:
             return self.membound_time(op.bytes, op.variant)
-        if kind == K.OPT_GPU:
+        if kind == Kind.OPT_GPU:
             return self.optimizer_gpu_time(op.params, op.variant)
-        if kind == K.OPT_CPU:
+        if kind == Kind.OPT_CPU:
             return self.cpu_optimizer_time(op.params, op.variant)
-        if kind in (K.H2D, K.D2H):  # kernels: one cudaMemcpyAsync per bucket or tensor
+        if kind in (Kind.H2D, Kind.D2H):  # kernels: one cudaMemcpyAsync per bucket or tensor
             return self.host.copy_time(op.bytes, kind, op.pinned, op.variant == "duplex", max(1, op.kernels))
-        if kind == K.CPU_MEM:
+        if kind == Kind.CPU_MEM:
             return self.host.cpu_bytes_time(op.bytes)
-        if kind == K.UM_MIGRATE:
+        if kind == Kind.UM_MIGRATE:
             if op.variant == "in_place":
                 return self.host.um_in_place_time(op.bytes)
             return self.host.um_fault_time(op.bytes)
-        if kind == K.HOST_WORK:
+        if kind == Kind.HOST_WORK:
             return op.seconds
         raise ValueError(f"no cost for op kind {kind!r} ({op.name})")
 

@@ -46,12 +46,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ghsim.cost.hostlink import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.model import ModelSpec
-from ghsim.graph.optimizer import gpu_adamw
+from ghsim.graph.optimizer import TORCH_CPU_ADAM, VECTOR_CPU_ADAM, gpu_adamw
 from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 # DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
+from ghsim.graph.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks, StepFacts, apply_offload_mapped

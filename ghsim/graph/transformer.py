@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ghsim.cost.flops import attention_bwd_flops, attention_fwd_flops
+from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op
 from ghsim.model import ModelSpec
