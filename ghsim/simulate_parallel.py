@@ -50,7 +50,7 @@ from ghsim.graph.parallel import (
     model_state_bytes,
     model_states,
 )
-from ghsim.graph.pipeline import ChunkTimes, PipelineRun, StageTail, peak_inflight_bytes, schedule_pipeline
+from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, per_node, traffic_section
 from ghsim.model import ModelSpec
@@ -58,6 +58,7 @@ from ghsim.plan import Framework, Plan
 from ghsim.report import BREAKDOWN_KEYS, Coverage, StepReport, Timeline, fit_problems, _union_length, _waited_for, step_fields
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
+from ghsim.sim.pipeline import PipelineRun, schedule_pipeline
 
 COMM_STREAMS = ("tp", "dp", "ep")
 HOST_SIDE = ("h2d", "d2h", "cpu")  # offload's copy engines and host cores

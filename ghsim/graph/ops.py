@@ -127,7 +127,7 @@ class Op:
     host_free: float = 0.0
     mem_tag: str = ""  # what a host/offload allocation is
     hbm_by_tag: dict[str, float] | None = None  # net HBM change by breakdown category
-    phase: str = Phase.NONE  # a Phase (pipeline-schedule ops: a graph.pipeline.Segment)
+    phase: str = Phase.NONE  # a Phase (pipeline-schedule ops: a graph.pipeline.PipelineSegment)
     duration: float = 0.0  # filled by the cost model
 
     def change_hbm(self, tag: str, nbytes: float) -> "Op":
