@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ghsim.graph.offload import resolve_schedule
 from ghsim.graph.step import param_counts
-from ghsim.graph.transformer import Dtypes
+from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute

@@ -18,7 +18,8 @@ from ghsim.cost.calibration import load_calibration
 from ghsim.cost.compute import CostModel
 from ghsim.graph import ops as K
 from ghsim.graph.step import _layer_templates, build_step
-from ghsim.graph.transformer import LayerBuilder, LayerSplit
+from ghsim.graph.layer_ops import LayerSplit
+from ghsim.graph.transformer import LayerBuilder
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute

@@ -726,7 +726,7 @@ SAVE_ON_CPU_TENSORS = {"norms": 2 * 6, "per_projection": 2, "rope": 4, "sdpa": 7
 
 def save_on_cpu_layer(model: ModelSpec, plan: Plan, saved: float) -> tuple[float, int]:
     """Bytes and copies save_on_cpu moves per decoder layer and micro-batch, each way."""
-    from ghsim.graph.transformer import Dtypes
+    from ghsim.graph.dtypes import Dtypes
 
     dt = Dtypes.of(plan)
     T, h = plan.micro_batch * plan.seq, model.hidden_size
@@ -744,7 +744,7 @@ def save_on_cpu_layer(model: ModelSpec, plan: Plan, saved: float) -> tuple[float
 
 def save_on_cpu_loss(model: ModelSpec, plan: Plan) -> tuple[float, int]:
     """Bytes and copies save_on_cpu moves for the final norm, LM head and loss, each way."""
-    from ghsim.graph.transformer import Dtypes
+    from ghsim.graph.dtypes import Dtypes
 
     dt = Dtypes.of(plan)
     T, h, V = plan.micro_batch * plan.seq, model.hidden_size, model.vocab_size

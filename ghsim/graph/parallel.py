@@ -30,7 +30,8 @@ from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, param_counts, priced_templates
-from ghsim.graph.transformer import Dtypes, LayerSplit
+from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.layer_ops import LayerSplit
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
