@@ -23,19 +23,18 @@ instead of the 5as^2b softmax terms; their 34sbh also counts the two
 
 from __future__ import annotations
 
-from ghsim.graph import ops as K
 from ghsim.graph.dtypes import fused_variant
 from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.graph.kernels import FUSED_ROPE_KERNELS, sdpa_backward_kernels
 from ghsim.graph.layer_ops import LayerOps
-from ghsim.graph.ops import Op
+from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
 from ghsim.plan import Precision, Recompute
 
 
 class FusedLayer(LayerOps):
     """The fused-kernel forward and backward of one layer (Framework.MEGATRON)."""
 
-    def fused_op(self, name: str, nbytes: float, inputs: int, category: str, creates=None, frees=None,
+    def fused_op(self, name: str, nbytes: float, inputs: int, category: Category, creates=None, frees=None,
               kernels: int = 1, transient: float = 0.0) -> Op:
         """One fused kernel moving its minimal `nbytes` (inputs read once, outputs written once)."""
         return self.mem(name, fused_variant(inputs, self.dt.act), nbytes, kernels, category,
@@ -49,10 +48,10 @@ class FusedLayer(LayerOps):
         """Fused LayerNorm/RMSNorm forward: reads its input, writes the normalised output and stats."""
         h, act = self.m.hidden_size, self.dt.act
         stats = self._norm_stats(tokens)
-        self.fused_op(name, tokens * h * (inp_bytes_per_el + act) + stats, 1, "norm_reduction",
+        self.fused_op(name, tokens * h * (inp_bytes_per_el + act) + stats, 1, Category.NORM_REDUCTION,
                    creates={f"{prefix}.stats": stats, f"{prefix}.out": tokens * h * act})
 
-    def _forward_fused(self, save: bool, phase: str) -> dict[str, list[str]]:
+    def _forward_fused(self, save: bool, phase: Phase) -> dict[str, list[str]]:
         """One layer's forward as Megatron runs it (module docstring, "Fused kernels")."""
         self.save, self.phase = save, phase
         m, dt, T = self.m, self.dt, self.T
@@ -74,7 +73,7 @@ class FusedLayer(LayerOps):
         # q, k and v are views of the one QKV output; rotary writes rotated q and k (the
         # QKV buffer stays alive through v until the attention backward)
         if m.position == "rope":
-            self.fused_op("rope", 2 * T * (q + kv) * act, 1, "elementwise", kernels=FUSED_ROPE_KERNELS,
+            self.fused_op("rope", 2 * T * (q + kv) * act, 1, Category.ELEMENTWISE, kernels=FUSED_ROPE_KERNELS,
                           creates={"q_rot": T * q * act, "k_rot": T * kv * act})
         self._attention_core_fwd()
         kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
@@ -95,7 +94,7 @@ class FusedLayer(LayerOps):
         ff_in = self.mlp_tokens * self.fc1.n_out * act
         ff = self.mlp_tokens * self.down.n_in * act
         # fused bias-GeLU / SwiGLU: fc1's output read once, the activation written once; both saved
-        self.fused_op("swiglu" if len(self.mlp_in) == 2 else "gelu", ff_in + ff, 1, "elementwise",
+        self.fused_op("swiglu" if len(self.mlp_in) == 2 else "gelu", ff_in + ff, 1, Category.ELEMENTWISE,
                       creates={"act": ff})
         kept["down_proj"] = self.projection_fwd(self.down, "act", act, "mlp_out")
         self.release(["fc1", "act"])
@@ -114,7 +113,7 @@ class FusedLayer(LayerOps):
         Tn, h, rs, act = self.Tn, self.m.hidden_size, self.dt.residual, self.dt.act
         drop = self.m.dropout > 0
         creates = {out: Tn * h * rs, **({mask: Tn * h} if drop else {})}
-        self.fused_op(name, Tn * h * (act + 2 * rs + (1 if drop else 0)), 2, "elementwise",
+        self.fused_op(name, Tn * h * (act + 2 * rs + (1 if drop else 0)), 2, Category.ELEMENTWISE,
                       creates=creates, frees=[branch])
         self.release([mask])
 
@@ -125,7 +124,7 @@ class FusedLayer(LayerOps):
             self.t.live[out] = 0.0
             return
         Tn, h, rs, act = self.Tn, self.m.hidden_size, self.dt.residual, self.dt.act
-        self.fused_op(name, Tn * h * (rs + 1 + act), 2, "elementwise", creates={out: Tn * h * act}, frees=[mask])
+        self.fused_op(name, Tn * h * (rs + 1 + act), 2, Category.ELEMENTWISE, creates={out: Tn * h * act}, frees=[mask])
 
     def _attention_dims(self) -> tuple[int, int, float]:
         """Batched heads, sequence and the bytes of one s x s score tensor (softmax attention)."""
@@ -133,7 +132,7 @@ class FusedLayer(LayerOps):
         B = self.plan.micro_batch * m.num_attention_heads
         return B, S, B * S * S * self.dt.act
 
-    def _attention_core_fwd(self, phase: str | None = None) -> None:
+    def _attention_core_fwd(self, phase: Phase | None = None) -> None:
         """Attention from q, k, v to its output "o". Flash attention: one kernel, keeping the
         log-sum-exp. Softmax attention (megatron-legacy): QK^T as a batched GEMM, Megatron's fused
         scale-mask-softmax, dropout on the probabilities, the batched GEMM with V, and the copy
@@ -142,18 +141,19 @@ class FusedLayer(LayerOps):
         m, dt, T, b, seq = self.m, self.dt, self.T, self.plan.micro_batch, self.plan.seq
         q, act = m.q_dim, dt.act
         selective = self.plan.recompute == Recompute.SELECTIVE
-        recompute = phase == "recompute"
+        recompute = phase == Phase.RECOMPUTE
         if self.plan.framework.flash_attention:
             lse = b * m.num_attention_heads * seq * 4
             shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
             if recompute:
-                op = Op(name="flash_attn.recompute", category="attention", kind=K.ATTN_FWD, resource="gpu",
-                        dtype=self.attn_dtype, shape=shape,
+                op = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
+                        resource=Resource.GPU, dtype=self.attn_dtype, shape=shape,
                         flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim))
                 self._emit(op, {"lse": lse}, None, T * q * act)
-                op.phase = "recompute"
+                op.phase = Phase.RECOMPUTE
                 return
-            attn = Op(name="flash_attn", category="attention", kind=K.ATTN_FWD, resource="gpu", dtype=self.attn_dtype,
+            attn = Op(name="flash_attn", category=Category.ATTENTION, kind=Kind.ATTN_FWD, resource=Resource.GPU,
+                      dtype=self.attn_dtype,
                       flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
             self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
             return
@@ -162,20 +162,20 @@ class FusedLayer(LayerOps):
         name = "attn.recompute" if recompute else "attn"
         first = len(self.ops)
         self.bmm(f"{name}.qk", B, S, S, m.head_dim, bmm, creates={"scores": s2})
-        self.fused_op(f"{name}.softmax", 2 * s2, 1, "norm_reduction", creates={"probs": s2}, frees=["scores"])
+        self.fused_op(f"{name}.softmax", 2 * s2, 1, Category.NORM_REDUCTION, creates={"probs": s2}, frees=["scores"])
         if m.dropout > 0:
             n = B * S * S
-            self.fused_op(f"{name}.dropout", s2 * 2 + n, 1, "elementwise",
+            self.fused_op(f"{name}.dropout", s2 * 2 + n, 1, Category.ELEMENTWISE,
                           creates={"probs.mask": n, "probs.drop": s2})
         ctx = T * q * act
         if recompute:  # the context is recomputed and dropped: the projection kept its own input
             self.bmm(f"{name}.pv", B, S, m.head_dim, S, bmm, transient=ctx)
-            self.fused_op(f"{name}.context_copy", 2 * ctx, 1, "elementwise", transient=ctx)
+            self.fused_op(f"{name}.context_copy", 2 * ctx, 1, Category.ELEMENTWISE, transient=ctx)
             for op in self.ops[first:]:
-                op.phase = "recompute"
+                op.phase = Phase.RECOMPUTE
             return
         self.bmm(f"{name}.pv", B, S, m.head_dim, S, bmm, creates={"ctx": ctx})
-        self.fused_op(f"{name}.context_copy", 2 * ctx, 1, "elementwise", creates={"o": ctx}, frees=["ctx"])
+        self.fused_op(f"{name}.context_copy", 2 * ctx, 1, Category.ELEMENTWISE, creates={"o": ctx}, frees=["ctx"])
         if selective:
             self.t.free(self.ops[-1], [n for n in ("probs", "probs.mask", "probs.drop") if n in self.t.live])
 
@@ -187,22 +187,22 @@ class FusedLayer(LayerOps):
         rotated = [n for n in ("q_rot", "k_rot") if n in self.t.live]
         if self.plan.framework.flash_attention:
             if selective:
-                self._attention_core_fwd("recompute")
+                self._attention_core_fwd(Phase.RECOMPUTE)
             shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
             # flash attention's backward writes dq, dk, dv into one buffer
-            bwd = Op(name="flash_attn.bwd", category="attention", kind=K.ATTN_BWD, resource="gpu",
+            bwd = Op(name="flash_attn.bwd", category=Category.ATTENTION, kind=Kind.ATTN_BWD, resource=Resource.GPU,
                      dtype=self.attn_dtype, kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
                      flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
             self._emit(bwd, {"g_qkv": T * (q + 2 * kv) * act}, ["g_o", "o", "lse", "qkv", *rotated], T * q * 4)
             if rotated:  # fused rotary backward, in place on dq and dk
-                self.fused_op("rope.bwd", 2 * T * (q + kv) * act, 1, "elementwise", kernels=FUSED_ROPE_KERNELS)
+                self.fused_op("rope.bwd", 2 * T * (q + kv) * act, 1, Category.ELEMENTWISE, kernels=FUSED_ROPE_KERNELS)
             return
         B, S, s2 = self._attention_dims()
         bmm = "bf16" if dt.gemm == "fp8" else dt.gemm
         ctx = T * q * act
-        self.fused_op("attn.context_copy.bwd", 2 * ctx, 1, "elementwise", creates={"g_ctx": ctx}, frees=["g_o"])
+        self.fused_op("attn.context_copy.bwd", 2 * ctx, 1, Category.ELEMENTWISE, creates={"g_ctx": ctx}, frees=["g_o"])
         if selective:
-            self._attention_core_fwd("recompute")
+            self._attention_core_fwd(Phase.RECOMPUTE)
         drop = m.dropout > 0
         # dP = dO V^T and dV = P^T dO, batched over heads
         self.bmm("attn.pv.dgrad", B, S, S, m.head_dim, bmm, creates={"g_probs": s2})
@@ -211,22 +211,22 @@ class FusedLayer(LayerOps):
         g_probs = "g_probs"
         if drop:
             n = B * S * S
-            self.fused_op("attn.dropout.bwd", s2 * 2 + n, 2, "elementwise", creates={"g_probs.d": s2},
+            self.fused_op("attn.dropout.bwd", s2 * 2 + n, 2, Category.ELEMENTWISE, creates={"g_probs.d": s2},
                           frees=["g_probs", "probs.mask"])
             g_probs = "g_probs.d"
-        self.fused_op("attn.softmax.bwd", 3 * s2, 2, "norm_reduction", creates={"g_scores": s2},
+        self.fused_op("attn.softmax.bwd", 3 * s2, 2, Category.NORM_REDUCTION, creates={"g_scores": s2},
                       frees=[g_probs, "probs"])
         # dQ = dS K and dK = dS^T Q
         self.bmm("attn.qk.dq", B, S, m.head_dim, S, bmm, creates={"g_q": T * q * act})
         self.bmm("attn.qk.dk", B, S, m.head_dim, S, bmm, creates={"g_k": T * kv * act},
                   frees=["g_scores", "o", "qkv", *rotated])
         if rotated:
-            self.fused_op("rope.bwd", 2 * T * (q + kv) * act, 1, "elementwise", kernels=FUSED_ROPE_KERNELS)
+            self.fused_op("rope.bwd", 2 * T * (q + kv) * act, 1, Category.ELEMENTWISE, kernels=FUSED_ROPE_KERNELS)
         # the split of the QKV output into q, k and v: its backward concatenates their gradients
-        self.fused_op("attn.qkv_grad_cat", 2 * T * (q + 2 * kv) * act, 1, "elementwise",
+        self.fused_op("attn.qkv_grad_cat", 2 * T * (q + 2 * kv) * act, 1, Category.ELEMENTWISE,
                       creates={"g_qkv": T * (q + 2 * kv) * act}, frees=["g_q", "g_k", "g_v"])
 
-    def _backward_fused(self, kept: dict[str, list[str]], phase: str) -> None:
+    def _backward_fused(self, kept: dict[str, list[str]], phase: Phase) -> None:
         """One layer's backward as Megatron runs it; "g" (16-bit, the residual-stream gradient) is
         live before and after."""
         self.phase = phase
@@ -241,7 +241,7 @@ class FusedLayer(LayerOps):
         ff = self.mlp_tokens * self.down.n_in * act
         # fused bias-GeLU / SwiGLU backward: the activation's gradient and fc1's output read once,
         # fc1's output gradient written once
-        self.fused_op("swiglu.bwd" if len(self.mlp_in) == 2 else "gelu.bwd", ff + 2 * ff_in, 2, "elementwise",
+        self.fused_op("swiglu.bwd" if len(self.mlp_in) == 2 else "gelu.bwd", ff + 2 * ff_in, 2, Category.ELEMENTWISE,
                       creates={"g_fc1": ff_in}, frees=["g_act", *[n for n in ("fc1", "act") if n in self.t.live]])
         regathered = self.tp_gather("n2.all_gather.bwd", T * h * act, "n2.g", for_wgrad=True)
         if m.moe is None:
@@ -249,7 +249,7 @@ class FusedLayer(LayerOps):
         else:  # the experts' input gradients go back to their tokens, summed over the top-k
             self.projection_bwd(self.fc1, "g_fc1", "g_n2.experts", kept["fc1"])
             self.ep_all_to_all("moe_dispatch.bwd.all_to_all", self.mlp_tokens * h * act)
-            self.mem("moe_dispatch.bwd", "copy", (self.mlp_tokens + T) * h * act, 1, "other",
+            self.mem("moe_dispatch.bwd", "copy", (self.mlp_tokens + T) * h * act, 1, Category.OTHER,
                      creates={"g_n2": T * h * act}, frees=["g_n2.experts"])
             self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
         self.t.free(self.ops[-1], [n for n in ["n2.out"] + ([regathered] if regathered else []) if n in self.t.live])
@@ -275,8 +275,8 @@ class FusedLayer(LayerOps):
         saved = [n for n in (f"{prefix}.stats", norm_input) if n in self.t.live]
         n_weights = 2 if self.m.norm == "layernorm" else 1
         weight_grad = {} if self.plan.lora_rank else {f"grad.{name}": n_weights * h * self.dt.grad}
-        self.fused_op(f"{name}.bwd", T * h * (act + 2 * rs) + stats, 2, "norm_reduction",
+        self.fused_op(f"{name}.bwd", T * h * (act + 2 * rs) + stats, 2, Category.NORM_REDUCTION,
                    creates={f"{grad}.x": T * h * rs, **weight_grad}, frees=[grad] + saved)
-        self.fused_op(f"{name}.residual_sum", 3 * T * h * rs, 2, "elementwise",
+        self.fused_op(f"{name}.residual_sum", 3 * T * h * rs, 2, Category.ELEMENTWISE,
                    creates={"g.new": T * h * rs}, frees=["g", f"{grad}.x"])
         self.t.live["g"] = self.t.live.pop("g.new")

@@ -3,6 +3,8 @@ host's launch cost, the category splits the predicted breakdown."""
 
 from __future__ import annotations
 
+from ghsim.graph.ops import Category
+
 # Kernels per eager composite, counted from the PyTorch ops they run
 # (validation/harness/model.py): they set the host's launch cost.
 RMSNORM_FWD_KERNELS = 6  # pow, mean, add eps, rsqrt, mul, mul weight
@@ -21,9 +23,9 @@ def sdpa_backward_kernels(heads: int, kv_heads: int) -> int:
 # How a profiler files those kernels (ghsim.traces.categories): the reductions (mean;
 # the two sums of the backward; amax) as norm_reduction, the rest as elementwise.
 # Time is split in proportion to kernel counts.
-RMSNORM_FWD_SPLIT = (("elementwise", 5 / 6), ("norm_reduction", 1 / 6))
-RMSNORM_BWD_SPLIT = (("elementwise", 8 / 10), ("norm_reduction", 2 / 10))
-FP8_QUANT_SPLIT = (("elementwise", 7 / 8), ("norm_reduction", 1 / 8))
+RMSNORM_FWD_SPLIT = ((Category.ELEMENTWISE, 5 / 6), (Category.NORM_REDUCTION, 1 / 6))
+RMSNORM_BWD_SPLIT = ((Category.ELEMENTWISE, 8 / 10), (Category.NORM_REDUCTION, 2 / 10))
+FP8_QUANT_SPLIT = ((Category.ELEMENTWISE, 7 / 8), (Category.NORM_REDUCTION, 1 / 8))
 COMPOSITE_SPLITS = {"rmsnorm_fwd": RMSNORM_FWD_SPLIT, "rmsnorm_bwd": RMSNORM_BWD_SPLIT, "fp8_quant": FP8_QUANT_SPLIT}
 ROPE_FWD_KERNELS = 5  # per tensor: mul cos, neg, cat, mul sin, add
 ROPE_BWD_KERNELS = 5

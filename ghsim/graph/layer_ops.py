@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ghsim.graph import ops as K
 from ghsim.graph.dtypes import Dtypes, dtyped
 from ghsim.graph.kernels import COMPOSITE_SPLITS, FP8_QUANT_KERNELS
-from ghsim.graph.ops import Op
+from ghsim.graph.ops import Category, Collective, Kind, Op, Phase, Resource
 from ghsim.graph.tensors import Tensors
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision
@@ -80,7 +79,7 @@ class LayerOps:
         self.attn_dtype = "fp32" if plan.precision in (Precision.FP32, Precision.TF32) else "bf16"
         self.t = Tensors()
         self.ops: list[Op] = []
-        self.phase = "fwd"
+        self.phase = Phase.FWD
         self.save = True
 
     # --- op constructors --------------------------------------------------------------
@@ -98,15 +97,16 @@ class LayerOps:
         self.ops.append(op)
         return op
 
-    def mem(self, name: str, variant: str, nbytes: float, kernels: int, category: str,
+    def mem(self, name: str, variant: str, nbytes: float, kernels: int, category: Category,
             creates=None, frees=None, transient: float = 0.0) -> Op:
-        op = Op(name=name, category=category, kind=K.MEMBOUND, resource="gpu", bytes=nbytes,
+        op = Op(name=name, category=category, kind=Kind.MEMBOUND, resource=Resource.GPU, bytes=nbytes,
                 variant=variant, kernels=kernels, split=COMPOSITE_SPLITS.get(variant.split(":")[0]))
         return self._emit(op, creates, frees, transient)
 
     def gemm(self, name: str, m: int, n: int, k: int, dtype: str, creates=None, frees=None,
              transient: float = 0.0) -> Op:
-        op = Op(name=name, category="gemm", kind=K.GEMM, resource="gpu", shape=(int(m), int(n), int(k)),
+        op = Op(name=name, category=Category.GEMM, kind=Kind.GEMM, resource=Resource.GPU,
+                shape=(int(m), int(n), int(k)),
                 flops=2.0 * m * n * k, dtype=dtype)
         return self._emit(op, creates, frees, transient)
 
@@ -114,14 +114,16 @@ class LayerOps:
             transient: float = 0.0) -> Op:
         """`batch` GEMMs of m x n x k (one per head), one kernel; bytes: every operand once."""
         width = 4 if dtype in ("fp32", "tf32") else 2
-        op = Op(name=name, category="gemm", kind=K.GEMM, resource="gpu", shape=(int(batch * m), int(n), int(k)),
+        op = Op(name=name, category=Category.GEMM, kind=Kind.GEMM, resource=Resource.GPU,
+                shape=(int(batch * m), int(n), int(k)),
                 flops=2.0 * batch * m * n * k, dtype=dtype, variant="batched",
                 bytes=float(batch) * (m * k + k * n + m * n) * width)
         return self._emit(op, creates, frees, transient)
 
-    def collective(self, name: str, kind: str, nbytes: float, resource: str, creates=None, frees=None) -> Op:
+    def collective(self, name: str, kind: Collective, nbytes: float, resource: Resource, creates=None,
+                   frees=None) -> Op:
         """A collective on its group's link stream: it waits for the op before it, the next op waits for it."""
-        op = Op(name=name, category="communication", kind=K.COLLECTIVE, resource=resource, variant=kind,
+        op = Op(name=name, category=Category.COMMUNICATION, kind=Kind.COLLECTIVE, resource=resource, variant=kind,
                 bytes=nbytes, deps=(len(self.ops) - 1,))
         self._emit(op, creates, frees, 0.0)
         self._after = len(self.ops) - 1
@@ -134,7 +136,7 @@ class LayerOps:
         dgrad GEMM: only the first weight-gradient GEMM after it waits for it."""
         if self.Tn == self.T:
             return None
-        self.collective(name, "all_gather", tensor_bytes, "tp", creates={out: tensor_bytes})
+        self.collective(name, Collective.ALL_GATHER, tensor_bytes, Resource.TP, creates={out: tensor_bytes})
         if for_wgrad:
             self._after, self._before_wgrad = None, len(self.ops) - 1
         return out
@@ -147,7 +149,7 @@ class LayerOps:
             return
         h, act = m.hidden_size, self.dt.act
         self.gemm("router", self.T, m.moe.num_experts, h, self.dt.gemm)
-        self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, "other",
+        self.mem("moe_dispatch", "copy", 2 * self.mlp_tokens * h * act, 6, Category.OTHER,
                  transient=self.mlp_tokens * h * act)
         self.ep_all_to_all("moe_dispatch.all_to_all", self.mlp_tokens * h * act)
 
@@ -157,13 +159,13 @@ class LayerOps:
             return
         nbytes = self.mlp_tokens * self.m.hidden_size * self.dt.act
         self.ep_all_to_all("moe_combine.all_to_all", nbytes)
-        self.mem("moe_combine", "copy", 2 * nbytes, 4, "other")
+        self.mem("moe_combine", "copy", 2 * nbytes, 4, Category.OTHER)
 
     def moe_combine_bwd(self) -> None:
         if self.m.moe is None:
             return
         nbytes = self.mlp_tokens * self.m.hidden_size * self.dt.act
-        self.mem("moe_combine.bwd", "copy", 2 * nbytes, 4, "other")
+        self.mem("moe_combine.bwd", "copy", 2 * nbytes, 4, Category.OTHER)
         self.ep_all_to_all("moe_combine.bwd.all_to_all", nbytes)
 
     def gathered_grad(self, grad: str, tensor_bytes: float) -> str:
@@ -179,16 +181,17 @@ class LayerOps:
         if self.split.tp == 1:
             return tensor
         if self.Tn == self.T:
-            self.collective(name, "all_reduce", tensor_bytes, "tp")
+            self.collective(name, Collective.ALL_REDUCE, tensor_bytes, Resource.TP)
             return tensor
         out = tensor + ".sp"
-        self.collective(name, "reduce_scatter", tensor_bytes, "tp", creates={out: tensor_bytes / self.split.tp},
+        self.collective(name, Collective.REDUCE_SCATTER, tensor_bytes, Resource.TP,
+                        creates={out: tensor_bytes / self.split.tp},
                         frees=[tensor])
         return out
 
     def ep_all_to_all(self, name: str, nbytes: float) -> None:
         if self.split.ep > 1:
-            self.collective(name, "all_to_all", nbytes, "ep")
+            self.collective(name, Collective.ALL_TO_ALL, nbytes, Resource.EP)
 
     def release(self, names: list[str]) -> None:
         """Tensors whose last forward use has passed: kept if saved for backward, else freed."""
@@ -210,18 +213,19 @@ class LayerOps:
             for what, numel, src in (("x", T * p.n_in, inp_bytes_per_el), ("w", p.n_in * p.n_out, dt.param)):
                 # bytes as microbench2 counts them: the source read once, the fp8 copy written once
                 self.mem(f"{p.name}.fp8_quant_{what}", dtyped("fp8_quant", src), numel * (src + 1),
-                         FP8_QUANT_KERNELS, "elementwise", creates={f"{p.name}.{what}8": numel}, transient=numel * src)
+                         FP8_QUANT_KERNELS, Category.ELEMENTWISE, creates={f"{p.name}.{what}8": numel},
+                         transient=numel * src)
                 keep.append(f"{p.name}.{what}8")
             self.gemm(p.name, T, p.n_out, p.n_in, "fp8", creates={out: out_bytes})
             return keep
         if dt.autocast_casts and inp_bytes_per_el == 4:
             # autocast casts the fp32 input once per projection; each copy is saved
-            self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, "elementwise",
+            self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.x16": T * p.n_in * 2})
             keep.append(f"{p.name}.x16")
         if dt.autocast_casts and not lora:
             w = p.n_in * p.n_out * p.experts
-            self.mem(f"{p.name}.cast_w", "cast_fp32_to_bf16", w * 6, 1, "elementwise",
+            self.mem(f"{p.name}.cast_w", "cast_fp32_to_bf16", w * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.w16": w * 2})
             keep.append(f"{p.name}.w16")
         self.gemm(p.name, T, p.n_out, p.n_in, dt.gemm, creates={out: out_bytes})
@@ -229,7 +233,7 @@ class LayerOps:
             self.gemm(f"{p.name}.lora_a", T, lora, p.n_in, dt.gemm, creates={f"{p.name}.xa": T * lora * dt.act})
             self.gemm(f"{p.name}.lora_b", T, p.n_out, lora, dt.gemm, transient=out_bytes)
             # scale-and-add, plus autocast's casts of the two fp32 adapters
-            self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, "elementwise", transient=out_bytes)
+            self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, Category.ELEMENTWISE, transient=out_bytes)
             keep.append(f"{p.name}.xa")
         return keep  # (the input itself is the caller's to keep)
 
@@ -241,19 +245,19 @@ class LayerOps:
         if self.plan.precision == Precision.FP8:
             g = T * p.n_out
             self.mem(f"{p.name}.fp8_quant_grad", dtyped("fp8_quant", dt.act), g * (dt.act + 1), FP8_QUANT_KERNELS + 1,
-                     "elementwise", transient=g * (dt.act + 1))
+                     Category.ELEMENTWISE, transient=g * (dt.act + 1))
             # transposed copies of the saved fp8 operands, for cuBLAS layouts
             moved = p.n_in * p.n_out + T * p.n_in + g
-            self.mem(f"{p.name}.fp8_transpose", "fp8_transpose", 2 * moved, 3, "elementwise", transient=moved)
+            self.mem(f"{p.name}.fp8_transpose", "fp8_transpose", 2 * moved, 3, Category.ELEMENTWISE, transient=moved)
         self.gemm(f"{p.name}.dgrad", T, p.n_in, p.n_out, dt.gemm, creates={grad_in: gin})
         if lora:
             self.gemm(f"{p.name}.lora_b.wgrad", p.n_out, lora, T, dt.gemm)
             self.gemm(f"{p.name}.lora_b.dgrad", T, lora, p.n_out, dt.gemm, transient=T * lora * dt.act)
             self.gemm(f"{p.name}.lora_a.wgrad", lora, p.n_in, T, dt.gemm)
             self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, dt.gemm, transient=gin)
-            self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, "elementwise")
+            self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, Category.ELEMENTWISE)
             adapter = lora * (p.n_in + p.n_out)
-            self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, "elementwise",
+            self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, Category.ELEMENTWISE,
                      creates={f"grad.{p.name}": adapter * 4})
         else:
             w = p.n_in * p.n_out * p.experts
@@ -262,7 +266,7 @@ class LayerOps:
             elif dt.autocast_casts:
                 # the bf16 weight gradient flows back through the weight cast: fp32 .grad
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, transient=w * 2)
-                self.mem(f"{p.name}.wgrad_cast", "cast_fp32_to_bf16", w * 6, 1, "elementwise",
+                self.mem(f"{p.name}.wgrad_cast", "cast_fp32_to_bf16", w * 6, 1, Category.ELEMENTWISE,
                          creates={f"grad.{p.name}": w * 4})
             else:
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, creates={f"grad.{p.name}": w * dt.grad})

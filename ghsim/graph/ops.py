@@ -92,6 +92,8 @@ class Collective(StrEnum):
 
 
 # Module-level names for code that spells them K.GEMM, K.COPY, ... (not yet converted to the enums).
+# Per-op hot paths may bind members to module names too: in Python 3.11 reading a member off its
+# enum class costs ~0.2 us (EnumType.__getattr__ routes class attribute reads through a Python hook).
 COPY, CPU, UM = Category.MEMCPY, Category.CPU, Category.UM
 GEMM, ATTN_FWD, ATTN_BWD, MEMBOUND = Kind.GEMM, Kind.ATTN_FWD, Kind.ATTN_BWD, Kind.MEMBOUND
 OPT_GPU, OPT_CPU, H2D, D2H = Kind.OPT_GPU, Kind.OPT_CPU, Kind.H2D, Kind.D2H

@@ -123,7 +123,8 @@ def build_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: lis
                 seq.append(((FWD, j, m), f"{Resource.GPU}{d}", t.final_fwd_s if last_mb else t.fwd_s, deps,
                             PipelineSegment.FINAL_FWD if last_mb else PipelineSegment.FWD, c, m))
                 if j < J - 1:
-                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)], PipelineSegment.P2P, c, m))
+                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)],
+                                PipelineSegment.P2P, c, m))
             else:
                 deps = [("PB", j + 1, m)] if j < J - 1 else [(FWD, j, m)]
                 seq.append(((BWD, j, m), f"{Resource.GPU}{d}", t.final_bwd_s if last_mb else t.bwd_s, deps,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ghsim.graph.eager_layer import EagerLayer
 from ghsim.graph.fused_layer import FusedLayer
+from ghsim.graph.ops import Phase
 
 
 class LayerBuilder(EagerLayer, FusedLayer):
@@ -27,13 +28,13 @@ class LayerBuilder(EagerLayer, FusedLayer):
     graph/eager_layer.py, the fused one graph/fused_layer.py.
     """
 
-    def forward(self, save: bool, phase: str = "fwd") -> dict[str, list[str]]:
+    def forward(self, save: bool, phase: Phase = Phase.FWD) -> dict[str, list[str]]:
         """Emit one layer's forward. With save False (a checkpointed forward) only x_next stays."""
         if self.fused:
             return self._forward_fused(save, phase)
         return self._forward_eager(save, phase)
 
-    def backward(self, kept: dict[str, list[str]], phase: str = "bwd") -> None:
+    def backward(self, kept: dict[str, list[str]], phase: Phase = Phase.BWD) -> None:
         """Emit one layer's backward; "g" (the residual-stream gradient) is live before and after."""
         if self.fused:
             return self._backward_fused(kept, phase)
