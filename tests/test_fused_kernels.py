@@ -1,7 +1,7 @@
 """The fused-kernel (Megatron) execution mode: --framework megatron and megatron-legacy.
 
 Fused mode runs one kernel per norm, activation, rotary, residual and loss step
-(graph/transformer.py, "Fused kernels"), so it launches fewer kernels than the
+(graph/fused_layer.py), so it launches fewer kernels than the
 eager PyTorch step and is never slower in forward and backward; its forward
 keeps what Megatron keeps (Korthikanti et al. 2022, Table 2).
 """

@@ -110,36 +110,39 @@ def peak_inflight_bytes(pp: int, v: int, M: int, d: int, saved: list[float]) -> 
 def build_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: list[StageTail]) -> PipelineGraph:
     """The ops of M micro-batches through pp stages of v chunks each; chunks[j] is virtual stage j."""
     J = pp * v
+    # members read off their class once, not per op (graph/ops.py: slow in Python 3.11)
+    fwd, final_fwd, bwd, final_bwd = (PipelineSegment.FWD, PipelineSegment.FINAL_FWD, PipelineSegment.BWD,
+                                      PipelineSegment.FINAL_BWD)
+    p2p, comm_link, opt = PipelineSegment.P2P, PipelineSegment.COMM, PipelineSegment.OPT
     items: list[list[tuple]] = []  # per stage: (key, resource, seconds, dep keys, segment, chunk, mb)
     for d in range(pp):
         seq: list[tuple] = []
         tail_deps = []
+        gpu, dp = f"{Resource.GPU}{d}", f"{Resource.DP}{d}"
         for kind, c, m in stage_order(pp, v, M, d):
             j = c * pp + d
             t = chunks[j]
             last_mb = m == M - 1
             if kind == FWD:
                 deps = [("PF", j - 1, m)] if j > 0 else []
-                seq.append(((FWD, j, m), f"{Resource.GPU}{d}", t.final_fwd_s if last_mb else t.fwd_s, deps,
-                            PipelineSegment.FINAL_FWD if last_mb else PipelineSegment.FWD, c, m))
+                seq.append(((FWD, j, m), gpu, t.final_fwd_s if last_mb else t.fwd_s, deps,
+                            final_fwd if last_mb else fwd, c, m))
                 if j < J - 1:
-                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)],
-                                PipelineSegment.P2P, c, m))
+                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)], p2p, c, m))
             else:
                 deps = [("PB", j + 1, m)] if j < J - 1 else [(FWD, j, m)]
-                seq.append(((BWD, j, m), f"{Resource.GPU}{d}", t.final_bwd_s if last_mb else t.bwd_s, deps,
-                            PipelineSegment.FINAL_BWD if last_mb else PipelineSegment.BWD, c, m))
+                seq.append(((BWD, j, m), gpu, t.final_bwd_s if last_mb else t.bwd_s, deps,
+                            final_bwd if last_mb else bwd, c, m))
                 if j > 0:
-                    seq.append((("PB", j, m), _link(d, (j - 1) % pp), chunks[j - 1].send_s, [(BWD, j, m)],
-                                PipelineSegment.P2P, c, m))
+                    seq.append((("PB", j, m), _link(d, (j - 1) % pp), chunks[j - 1].send_s, [(BWD, j, m)], p2p, c, m))
                 comm = t.final_comm_s if last_mb else t.bwd_comm_s
                 if comm > 0:
-                    seq.append((("C", j, m), f"{Resource.DP}{d}", comm, [(BWD, j, m)], PipelineSegment.COMM, c, m))
+                    seq.append((("C", j, m), dp, comm, [(BWD, j, m)], comm_link, c, m))
                     tail_deps.append(("C", j, m))
                 tail_deps.append((BWD, j, m))
-        seq.append((("OPT", d), f"{Resource.GPU}{d}", tails[d].optimizer_s, tail_deps, PipelineSegment.OPT, -1, -1))
+        seq.append((("OPT", d), gpu, tails[d].optimizer_s, tail_deps, opt, -1, -1))
         if tails[d].gather_s > 0:
-            seq.append((("AG", d), f"{Resource.DP}{d}", tails[d].gather_s, [("OPT", d)], PipelineSegment.COMM, -1, -1))
+            seq.append((("AG", d), dp, tails[d].gather_s, [("OPT", d)], comm_link, -1, -1))
         items.append(seq)
     return _issue(items, pp)
 
