@@ -50,7 +50,7 @@ from ghsim.graph.parallel import (
     stage_params,
 )
 from ghsim.graph.states import check_host_capacity, kept_states, rank_states
-from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes, schedule_pipeline
+from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
 from ghsim.graph.step import loader_seconds
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, unified_memory_use
 from ghsim.hardware import Hardware
@@ -60,6 +60,7 @@ from ghsim.plan import Plan
 from ghsim.report import StepReport, Timeline, fit_problems
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
+from ghsim.sim.pipeline import schedule_pipeline
 from ghsim.step_report import SteppedPlan, assemble
 
 COMM_STREAMS = ("tp", "dp", "ep")

@@ -13,7 +13,7 @@ from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.parallel import Layout
-from ghsim.graph.pipeline import PipelineRun
+from ghsim.sim.pipeline import PipelineRun
 from ghsim.graph.unified_memory import UnifiedMemoryUse, resident_peak
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, traffic_section, unified_memory_section

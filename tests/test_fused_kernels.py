@@ -1,7 +1,7 @@
 """The fused-kernel (Megatron) execution mode: --framework megatron and megatron-legacy.
 
 Fused mode runs one kernel per norm, activation, rotary, residual and loss step
-(graph/transformer.py, "Fused kernels"), so it launches fewer kernels than the
+(graph/fused_layer.py), so it launches fewer kernels than the
 eager PyTorch step and is never slower in forward and backward; its forward
 keeps what Megatron keeps (Korthikanti et al. 2022, Table 2).
 """
@@ -18,7 +18,8 @@ from ghsim.cost.calibration import load_calibration
 from ghsim.cost.compute import CostModel
 from ghsim.graph import ops as K
 from ghsim.graph.step import _layer_templates
-from ghsim.graph.transformer import LayerBuilder, LayerSplit
+from ghsim.graph.layer_ops import LayerSplit
+from ghsim.graph.transformer import LayerBuilder
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Framework, Plan, Precision, Recompute

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from ghsim.cost.links import NVLINK_HOP_S, Fabric, Group, collective_time
+from ghsim.cost.links import NVLINK_HOP_S, Fabric, collective_time
 from ghsim.errors import GhsimError
+from ghsim.graph.collectives import Group
 from ghsim.graph.parallel import Chunk, Layout, build_microbatch
 from ghsim.graph.states import model_states
 from ghsim.graph.pipeline import FWD, peak_inflight_bytes, stage_order

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ghsim.cost.flops import attention_bwd_flops, attention_fwd_flops
+from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.errors import GhsimError
 from ghsim.tomlio import read_json, repo_root
 
@@ -113,7 +113,7 @@ def attention_features(seq: int, batch_heads: int, head_dim: int, gqa: bool) -> 
 
 
 def _attention_tables(rows: list[dict[str, Any]], peak: dict[str, float], which: str) -> dict[str, PointTable]:
-    """Efficiency by dtype from measured times, with ghsim's own FLOP convention (cost/flops.py).
+    """Efficiency by dtype from measured times, with ghsim's own FLOP convention (graph/flops.py).
 
     Rows measured with the backend PyTorch picks by default ("default_backend")
     are the ones a training step runs; forced-backend rows are used only for a

@@ -14,17 +14,27 @@ ratio of HBM bandwidth (an H100 measurement priced for GH200's 4 TB/s HBM3).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
-from ghsim.cost.flops import gemm_flops
-from ghsim.cost.hostlink import TORCH_CPU_ADAM, HostSide
-from ghsim.graph import ops as K
-from ghsim.graph.ops import Op
-from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS
+from ghsim.graph.flops import gemm_flops
+from ghsim.cost.hostlink import HostSide
+from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
+from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, CpuAdam, GpuAdam
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan, Precision, Recompute
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+# Enum members the per-op paths below compare with, read off their classes once (graph/ops.py:
+# a member read off its class is slow in Python 3.11), since these paths run for every distinct op.
+_GPU_STREAM = Resource.GPU
+_COPY_KINDS = (Kind.H2D, Kind.D2H)
+_OPT_GPU, _MEMBOUND = Kind.OPT_GPU, Kind.MEMBOUND
+_OPTIMIZER = Category.OPTIMIZER
+_FOREACH = GpuAdam.FOREACH
+_BACKWARD_PHASES = (Phase.BWD, Phase.RECOMPUTE)
+_OPT_PHASE = Phase.OPT
 
 
 @dataclass(frozen=True)
@@ -64,9 +74,9 @@ class LaunchCosts:
         return cls(*measured)
 
     def per_kernel(self, phase: str) -> float:
-        if phase in ("bwd", "recompute"):
+        if phase in _BACKWARD_PHASES:
             return self.bwd_s
-        if phase == "opt":
+        if phase == _OPT_PHASE:
             return self.opt_s
         return self.fwd_s
 
@@ -136,22 +146,22 @@ class CostModel:
 
     # --- host side ------------------------------------------------------------
     def cpu_optimizer_time(self, params: float, impl: str = "") -> float:
-        return self.host.cpu_optimizer_time(params, impl or TORCH_CPU_ADAM)
+        return self.host.cpu_optimizer_time(params, impl or CpuAdam.TORCH)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""
-        if op.resource not in ("gpu",):
-            return self.hw.kernel_launch_s if op.kind in (K.H2D, K.D2H) else 0.0
+        if op.resource != _GPU_STREAM:
+            return self.hw.kernel_launch_s if op.kind in _COPY_KINDS else 0.0
         if cuda_graphs:
             return op.kernels * self.hw.cuda_graph_kernel_s
         if self.launch is None:
             return op.kernels * self.hw.kernel_launch_s
-        if op.kind == K.OPT_GPU:
+        if op.kind == _OPT_GPU:
             # the measured cost is per optimizer call (Python, foreach bookkeeping);
             # the extra chunk launches of each call cost a bare launch
-            calls = min(op.kernels, FOREACH_ADAMW_CALLS if op.variant == "foreach" else FUSED_ADAMW_CALLS)
+            calls = min(op.kernels, FOREACH_ADAMW_CALLS if op.variant == _FOREACH else FUSED_ADAMW_CALLS)
             return calls * self.launch.opt_s + (op.kernels - calls) * self.hw.kernel_launch_s
-        if op.kind == K.MEMBOUND and op.category == "optimizer":
+        if op.kind == _MEMBOUND and op.category == _OPTIMIZER:
             # a fused optimizer's other multi-tensor passes (Megatron's gradient norm, master copy):
             # one call each, its further chunk launches at a bare launch
             return self.launch.opt_s + max(op.kernels - 1, 0) * self.hw.kernel_launch_s
@@ -160,38 +170,49 @@ class CostModel:
     def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:
         """GPU idle before the op's kernels: the per-kernel front-end cost of stream launches
         (zero when replayed from a CUDA graph, whose measured per-kernel cost is the kernel's own)."""
-        if cuda_graphs or op.resource != "gpu" or op.category not in K.KERNEL_CATEGORIES:
+        if cuda_graphs or op.resource != _GPU_STREAM or op.category not in KERNEL_CATEGORIES:
             return 0.0
         return op.kernels * self.cal.kernel_gap_s
 
     def duration(self, op: Op) -> float:
-        kind = op.kind
-        if kind == K.GEMM:
-            m, n, k = op.shape
-            if op.variant == "batched":
-                return self.batched_gemm_time(op)
-            return self.gemm_time(m, n, k, op.dtype)
-        if kind == K.ATTN_FWD:
-            return self.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype)
-        if kind == K.ATTN_BWD:
-            return self.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype)
-        if kind == K.MEMBOUND:
-            return self.membound_time(op.bytes, op.variant)
-        if kind == K.OPT_GPU:
-            return self.optimizer_gpu_time(op.params, op.variant)
-        if kind == K.OPT_CPU:
-            return self.cpu_optimizer_time(op.params, op.variant)
-        if kind in (K.H2D, K.D2H):  # kernels: one cudaMemcpyAsync per bucket or tensor
-            return self.host.copy_time(op.bytes, kind, op.pinned, op.variant == "duplex", max(1, op.kernels))
-        if kind == K.CPU_MEM:
-            return self.host.cpu_bytes_time(op.bytes)
-        if kind == K.UM_MIGRATE:
-            if op.variant == "in_place":
-                return self.host.um_in_place_time(op.bytes)
-            return self.host.um_fault_time(op.bytes)
-        if kind == K.HOST_WORK:
-            return op.seconds
-        raise ValueError(f"no cost for op kind {kind!r} ({op.name})")
+        price = _PRICE_BY_KIND.get(op.kind)
+        if price is None:
+            raise ValueError(f"no cost for op kind {op.kind!r} ({op.name})")
+        return price(self, op)
+
+
+def _gemm(cm: CostModel, op: Op) -> float:
+    if op.variant == "batched":
+        return cm.batched_gemm_time(op)
+    m, n, k = op.shape
+    return cm.gemm_time(m, n, k, op.dtype)
+
+
+def _copy(cm: CostModel, op: Op) -> float:
+    """kernels: one cudaMemcpyAsync per bucket or tensor."""
+    return cm.host.copy_time(op.bytes, op.kind, op.pinned, op.variant == "duplex", max(1, op.kernels))
+
+
+def _um_migrate(cm: CostModel, op: Op) -> float:
+    if op.variant == "in_place":
+        return cm.host.um_in_place_time(op.bytes)
+    return cm.host.um_fault_time(op.bytes)
+
+
+# How each kind of op is priced (a table rather than a chain of comparisons: see _GPU_STREAM).
+_PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
+    Kind.GEMM: _gemm,
+    Kind.ATTN_FWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype),
+    Kind.ATTN_BWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype),
+    Kind.MEMBOUND: lambda cm, op: cm.membound_time(op.bytes, op.variant),
+    Kind.OPT_GPU: lambda cm, op: cm.optimizer_gpu_time(op.params, op.variant),
+    Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant),
+    Kind.H2D: _copy,
+    Kind.D2H: _copy,
+    Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes),
+    Kind.UM_MIGRATE: _um_migrate,
+    Kind.HOST_WORK: lambda cm, op: op.seconds,
+}
 
 
 def _log2(x: float) -> float:

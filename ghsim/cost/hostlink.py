@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ghsim.graph import ops as K
+from ghsim.graph.ops import Kind
+from ghsim.graph.optimizer import CpuAdam
 
 if TYPE_CHECKING:
     from ghsim.cost.calibration import Calibration
@@ -44,8 +45,6 @@ ADAMW_BYTES_PER_PARAM = 28
 # (open-gpu-kernel-modules, uvm_gpu_replayable_faults.c: uvm_perf_fault_batch_count).
 UM_FAULTS_PER_BATCH = 256
 
-TORCH_CPU_ADAM = "torch"  # torch.optim.AdamW on CPU tensors (what plain PyTorch and FSDP run)
-VECTOR_CPU_ADAM = "deepspeed"  # DeepSpeed CPU-Adam / GraceAdam: SIMD, bandwidth-bound
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ class HostSide:
         both share `bidirectional_total` (max-min fair: each gets at least half).
         """
         link = self.hw.host_link
-        if direction == K.H2D:
+        if direction == Kind.H2D:
             rate, other = (link.h2d_pinned, link.d2h_pinned) if pinned else (link.h2d_pageable, link.d2h_pageable)
         else:
             rate, other = (link.d2h_pinned, link.h2d_pinned) if pinned else (link.d2h_pageable, link.h2d_pageable)
@@ -108,7 +107,7 @@ class HostSide:
             return max(1, self.hw.gpus_per_node, self.node_gpus)
         return self.node_gpus
 
-    def cpu_adamw_rate(self, impl: str = VECTOR_CPU_ADAM) -> float:
+    def cpu_adamw_rate(self, impl: str = CpuAdam.VECTOR) -> float:
         """fp32 AdamW params/s one GPU's share of the host sustains.
 
         Vectorized CPU-Adam (DeepSpeed, GraceAdam) runs at the profile's figure,
@@ -117,16 +116,16 @@ class HostSide:
         """
         profile = self.hw.cpu.adamw_params_per_s
         rate = profile
-        if impl == TORCH_CPU_ADAM and self.torch_adam_per_thread > 0:
+        if impl == CpuAdam.TORCH and self.torch_adam_per_thread > 0:
             rate = min(profile, self.torch_adam_per_thread * self.hw.cpu.cores)
         return rate / self.cpu_sharers
 
-    def cpu_optimizer_time(self, params: float, impl: str = VECTOR_CPU_ADAM) -> float:
+    def cpu_optimizer_time(self, params: float, impl: str = CpuAdam.VECTOR) -> float:
         return params / self.cpu_adamw_rate(impl) if params > 0 else 0.0
 
     def cpu_stream_rate(self) -> float:
         """Bytes/s host cores sustain on a streaming pass (a cast, an accumulation)."""
-        return min(self.cpu_adamw_rate(VECTOR_CPU_ADAM) * ADAMW_BYTES_PER_PARAM, self.host_memory_rate())
+        return min(self.cpu_adamw_rate(CpuAdam.VECTOR) * ADAMW_BYTES_PER_PARAM, self.host_memory_rate())
 
     def cpu_bytes_time(self, nbytes: float) -> float:
         return nbytes / self.cpu_stream_rate() if nbytes > 0 else 0.0

@@ -33,13 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ghsim.graph.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND, Group
+from ghsim.graph.ops import Collective
 from ghsim.hardware import Hardware
-
-ALL_REDUCE = "all_reduce"
-ALL_GATHER = "all_gather"
-REDUCE_SCATTER = "reduce_scatter"
-ALL_TO_ALL = "all_to_all"
-SEND = "send"
 
 # NCCL runs one CTA per channel, each on its own SM, for the whole collective.
 # Assumption: 16 channels for a large collective on NVLink-connected Hopper/Ampere
@@ -53,19 +49,6 @@ NCCL_CTAS = 16
 # Assumption: one ring step over NVLink adds ~1 us (NCCL's LL protocol; nccl-tests small-message
 # all-reduce latency grows by roughly that per extra GPU inside a DGX/HGX node).
 NVLINK_HOP_S = 1e-6
-
-
-@dataclass(frozen=True)
-class Group:
-    """A communicator: `size` ranks, `per_node` of them inside each node they span."""
-
-    name: str
-    size: int
-    per_node: int
-
-    @property
-    def nodes(self) -> int:
-        return math.ceil(self.size / self.per_node)
 
 
 @dataclass(frozen=True)
@@ -101,7 +84,7 @@ class Fabric:
         return self.nvlink_latency if group.nodes == 1 else self.net_latency
 
 
-def collective_time(kind: str, nbytes: float, group: Group, fabric: Fabric, calls: int = 1) -> float:
+def collective_time(kind: Collective, nbytes: float, group: Group, fabric: Fabric, calls: int = 1) -> float:
     """Seconds for `calls` collectives moving `nbytes` in total over `group`.
 
     `nbytes` is the full buffer: the tensor for all-reduce, the gathered

@@ -46,12 +46,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ghsim.cost.hostlink import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.model import ModelSpec
-from ghsim.graph.optimizer import gpu_adamw
+from ghsim.graph.optimizer import TORCH_CPU_ADAM, VECTOR_CPU_ADAM, gpu_adamw
 from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 # DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
@@ -653,7 +652,7 @@ SAVE_ON_CPU_TENSORS = {"norms": 2 * 6, "per_projection": 2, "rope": 4, "sdpa": 7
 
 def save_on_cpu_layer(model: ModelSpec, plan: Plan, saved: float) -> tuple[float, int]:
     """Bytes and copies save_on_cpu moves per decoder layer and micro-batch, each way."""
-    from ghsim.graph.transformer import Dtypes
+    from ghsim.graph.dtypes import Dtypes
 
     dt = Dtypes.of(plan)
     T, h = plan.micro_batch * plan.seq, model.hidden_size
@@ -671,7 +670,7 @@ def save_on_cpu_layer(model: ModelSpec, plan: Plan, saved: float) -> tuple[float
 
 def save_on_cpu_loss(model: ModelSpec, plan: Plan) -> tuple[float, int]:
     """Bytes and copies save_on_cpu moves for the final norm, LM head and loss, each way."""
-    from ghsim.graph.transformer import Dtypes
+    from ghsim.graph.dtypes import Dtypes
 
     dt = Dtypes.of(plan)
     T, h, V = plan.micro_batch * plan.seq, model.hidden_size, model.vocab_size

@@ -9,49 +9,109 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from enum import StrEnum
 
-# Kernel categories shared with the trace summarizer (ghsim.traces) so that
-# measured and predicted breakdowns compare key by key.
+class Category(StrEnum):
+    """Where an op's time goes in the breakdown. The seven kernel categories are shared with the
+    trace summarizer (ghsim.traces) so that measured and predicted breakdowns compare key by key."""
+
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    NORM_REDUCTION = "norm_reduction"
+    OPTIMIZER = "optimizer"
+    COMMUNICATION = "communication"
+    OTHER = "other"
+    MEMCPY = "memcpy"  # host<->device copies (copy engines)
+    CPU = "cpu"  # host compute: CPU optimizer, data loading, casts on the host
+    UM = "um"  # a unified-memory stall on the compute stream (pages migrating in; not a kernel)
+
+
 KERNEL_CATEGORIES = (
-    "gemm",
-    "attention",
-    "elementwise",
-    "norm_reduction",
-    "optimizer",
-    "communication",
-    "other",
+    Category.GEMM,
+    Category.ATTENTION,
+    Category.ELEMENTWISE,
+    Category.NORM_REDUCTION,
+    Category.OPTIMIZER,
+    Category.COMMUNICATION,
+    Category.OTHER,
 )
-COPY = "memcpy"  # host<->device copies (copy engines)
-CPU = "cpu"  # host compute: CPU optimizer, data loading, casts on the host
-UM = "um"  # a unified-memory stall on the compute stream (pages migrating in; not a kernel)
 
-# Kinds of work the cost model knows how to price.
-GEMM = "gemm"
-ATTN_FWD = "attn_fwd"
-ATTN_BWD = "attn_bwd"
-MEMBOUND = "membound"  # bytes over achieved HBM bandwidth
-OPT_GPU = "opt_gpu"  # AdamW on the GPU (params/s)
-OPT_CPU = "opt_cpu"  # AdamW on the CPU (params/s)
-H2D = "h2d"
-D2H = "d2h"
-HOST_WORK = "host_work"  # fixed CPU seconds (data loading)
-CPU_MEM = "cpu_mem"  # bytes streamed by host cores (casts, gradient accumulation on the CPU)
-UM_MIGRATE = "um_migrate"  # unified-memory pages brought to the GPU on demand (bytes)
-COLLECTIVE = "collective"
+
+class Kind(StrEnum):
+    """How the cost model prices an op."""
+
+    GEMM = "gemm"
+    ATTN_FWD = "attn_fwd"
+    ATTN_BWD = "attn_bwd"
+    MEMBOUND = "membound"  # bytes over achieved HBM bandwidth
+    OPT_GPU = "opt_gpu"  # AdamW on the GPU (params/s)
+    OPT_CPU = "opt_cpu"  # AdamW on the CPU (params/s)
+    H2D = "h2d"
+    D2H = "d2h"
+    HOST_WORK = "host_work"  # fixed CPU seconds (data loading)
+    CPU_MEM = "cpu_mem"  # bytes streamed by host cores (casts, gradient accumulation on the CPU)
+    UM_MIGRATE = "um_migrate"  # unified-memory pages brought to the GPU on demand (bytes)
+    COLLECTIVE = "collective"
+
+
+class Resource(StrEnum):
+    """The stream or server an op runs on (the engine's resources by name)."""
+
+    GPU = "gpu"  # the compute stream
+    H2D = "h2d"  # copy engine, host to device
+    D2H = "d2h"  # copy engine, device to host
+    CPU = "cpu"  # host cores doing optimizer, cast or data work
+    LOADER = "loader"  # data-loader worker pool
+    TP = "tp"  # tensor-parallel communication stream
+    DP = "dp"  # data-parallel communication stream
+    EP = "ep"  # expert-parallel communication stream
+    PP = "pp"  # pipeline point-to-point link
+    MEM = "mem"  # memory markers: no time, only allocations and frees
+
+
+class Phase(StrEnum):
+    """The part of the step an op belongs to."""
+
+    NONE = ""
+    FWD = "fwd"
+    BWD = "bwd"
+    RECOMPUTE = "recompute"  # a checkpointed forward run again inside backward
+    OPT = "opt"
+    DATA = "data"  # loading and copying the batch
+
+
+class Collective(StrEnum):
+    """What a communication op does (its Op.variant); cost/links.py prices each."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+
+
+# Module-level names for code that spells them K.GEMM, K.COPY, ... (not yet converted to the enums).
+# Per-op hot paths may bind members to module names too: in Python 3.11 reading a member off its
+# enum class costs ~0.2 us (EnumType.__getattr__ routes class attribute reads through a Python hook).
+COPY, CPU, UM = Category.MEMCPY, Category.CPU, Category.UM
+GEMM, ATTN_FWD, ATTN_BWD, MEMBOUND = Kind.GEMM, Kind.ATTN_FWD, Kind.ATTN_BWD, Kind.MEMBOUND
+OPT_GPU, OPT_CPU, H2D, D2H = Kind.OPT_GPU, Kind.OPT_CPU, Kind.H2D, Kind.D2H
+HOST_WORK, CPU_MEM, UM_MIGRATE, COLLECTIVE = Kind.HOST_WORK, Kind.CPU_MEM, Kind.UM_MIGRATE, Kind.COLLECTIVE
 
 
 @dataclass(slots=True)
 class Op:
     name: str
-    category: str  # one of KERNEL_CATEGORIES, COPY or CPU
-    kind: str  # how the cost model prices it (GEMM, MEMBOUND, ...)
-    resource: str  # "gpu", "h2d", "d2h", "cpu", "comm", ...
+    category: Category
+    kind: Kind
+    resource: str  # a Resource, or a per-stage stream of the pipeline schedule ("gpu0", "dp1", ...)
     deps: tuple[int, ...] = ()
     # work
     flops: float = 0.0
     bytes: float = 0.0
     dtype: str = "bf16"
-    variant: str = ""  # which measured curve prices it: membound op name, optimizer impl
+    variant: str = ""  # which measured curve prices it: membound op name, optimizer impl; a Collective
     shape: tuple[int, ...] = ()  # GEMM (m, n, k); attention (batch, heads, kv_heads, seq, head_dim)
     kernels: int = 1  # GPU kernels launched (each costs the host a launch)
     pinned: bool = True  # host copies: pinned or pageable buffer
@@ -60,7 +120,7 @@ class Op:
     host_waits: bool = False
     # an eager composite whose kernels fall in several categories (RMSNorm: elementwise
     # kernels and a reduction), as (category, share of its time); None: all in `category`
-    split: tuple[tuple[str, float], ...] | None = None
+    split: tuple[tuple[Category, float], ...] | None = None
     # memory effects, bytes, applied when the op is issued
     hbm_alloc: float = 0.0  # stays allocated after the op
     hbm_free: float = 0.0  # released after the op
@@ -69,7 +129,7 @@ class Op:
     host_free: float = 0.0
     mem_tag: str = ""  # what a host/offload allocation is
     hbm_by_tag: dict[str, float] | None = None  # net HBM change by breakdown category
-    phase: str = ""  # fwd | bwd | recompute | opt | data | loss
+    phase: str = Phase.NONE  # a Phase (pipeline-schedule ops: a graph.pipeline.PipelineSegment)
     duration: float = 0.0  # filled by the cost model
 
     def change_hbm(self, tag: str, nbytes: float) -> "Op":

@@ -1,11 +1,30 @@
-"""The GPU AdamW step as PyTorch runs it: one op, its kernel launches and its temporary memory."""
+"""The AdamW step: the GPU op as PyTorch runs it (its kernel launches and temporary memory),
+and the names of the AdamW implementations a step can run on the GPU or the CPU."""
 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
-from ghsim.graph import ops as K
-from ghsim.graph.ops import Op
+from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
+
+
+class GpuAdam(StrEnum):
+    """torch.optim.AdamW on CUDA tensors (Plan.optimizer_impl)."""
+
+    FOREACH = "foreach"  # foreach=True: multi-tensor kernels per _foreach_ call
+    FUSED = "fused"  # fused=True: one _fused_adamw_ call
+
+
+class CpuAdam(StrEnum):
+    """AdamW on the host, which prices very differently by implementation (cost/hostlink.py)."""
+
+    TORCH = "torch"  # torch.optim.AdamW on CPU tensors (what plain PyTorch and FSDP run)
+    VECTOR = "deepspeed"  # DeepSpeed CPU-Adam / GraceAdam: SIMD, bandwidth-bound
+
+
+TORCH_CPU_ADAM = CpuAdam.TORCH
+VECTOR_CPU_ADAM = CpuAdam.VECTOR
 
 # torch.optim.AdamW(foreach=True) makes this many _foreach_ calls per step, one
 # launch each when all tensors fit one launch: measured, validation/microbench/
@@ -22,7 +41,7 @@ ELEMENTS_PER_LAUNCH = 320 * 65536
 
 
 def adamw_launches(n_tensors: int, n_params: float, impl: str) -> int:
-    calls = FOREACH_ADAMW_CALLS if impl == "foreach" else FUSED_ADAMW_CALLS
+    calls = FOREACH_ADAMW_CALLS if impl == GpuAdam.FOREACH else FUSED_ADAMW_CALLS
     per_call = max(1, math.ceil(n_tensors / MAX_TENSORS_PER_LAUNCH), math.ceil(n_params / ELEMENTS_PER_LAUNCH))
     return calls * per_call
 
@@ -30,6 +49,6 @@ def adamw_launches(n_tensors: int, n_params: float, impl: str) -> int:
 def gpu_adamw(name: str, params: float, n_tensors: int, impl: str) -> Op:
     """AdamW over `params` fp32 parameters on the GPU. foreach materialises
     _foreach_sqrt(exp_avg_sq), a full fp32 copy of the second moments; fused does not."""
-    return Op(name=name, category="optimizer", kind=K.OPT_GPU, resource="gpu", params=params, variant=impl,
-              kernels=adamw_launches(n_tensors, params, impl), phase="opt",
-              hbm_transient=4 * params if impl == "foreach" else 0.0, mem_tag="optimizer_temp")
+    return Op(name=name, category=Category.OPTIMIZER, kind=Kind.OPT_GPU, resource=Resource.GPU, params=params,
+              variant=impl, kernels=adamw_launches(n_tensors, params, impl), phase=Phase.OPT,
+              hbm_transient=4 * params if impl == GpuAdam.FOREACH else 0.0, mem_tag="optimizer_temp")

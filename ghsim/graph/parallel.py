@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ghsim.cost.links import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
+from ghsim.graph.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks, StepFacts, apply_offload_mapped
@@ -31,7 +31,8 @@ from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards
 from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, input_ops, param_counts, priced_templates
-from ghsim.graph.transformer import Dtypes, LayerSplit
+from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.layer_ops import LayerSplit
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan

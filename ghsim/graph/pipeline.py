@@ -11,19 +11,32 @@ go through the chunks in groups of pp, as in Megatron's interleaved schedule.
 
 Activations and their gradients cross stages as point-to-point sends on the
 link between the two stages; after a stage's last backward its remaining
-gradient reductions run on its data-parallel link, then the optimizer. The
-engine (sim/engine.py) schedules all of it; the bubbles fall out.
+gradient reductions run on its data-parallel link, then the optimizer. This
+module builds that op graph; sim/pipeline.py runs it on the engine
+(sim/engine.py), and the bubbles fall out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from ghsim.graph import ops as K
-from ghsim.graph.ops import Op, OpGraph
-from ghsim.sim import engine
+from ghsim.graph.ops import Category, Kind, Op, OpGraph, Resource
 
 FWD, BWD = "F", "B"
+
+
+class PipelineSegment(StrEnum):
+    """What one pipeline-schedule op stands for (its Op.phase)."""
+
+    FWD = "fwd"
+    BWD = "bwd"  # backward of a micro-batch that is not the step's last
+    FINAL_FWD = "final_fwd"
+    FINAL_BWD = "final_bwd"
+    OPT = "opt"  # the stage's optimizer step
+    COMM = "comm"  # gradient reductions and parameter gathers on the data-parallel link
+    P2P = "p2p"  # activations or their gradients sent to the neighbouring stage
+    DATA = "data"  # a batch from the data-loader pool
 
 
 @dataclass(frozen=True)
@@ -67,12 +80,15 @@ def stage_order(pp: int, v: int, M: int, d: int) -> list[tuple[str, int, int]]:
 
 
 @dataclass(frozen=True)
-class PipelineRun:
+class PipelineGraph:
+    """The pipeline schedule as ops in issue order, ready for the engine."""
+
     graph: OpGraph
-    resources: list[engine.Resource]
-    schedule: engine.Schedule
+    resources: list[str]  # stream names, in order of first use
+    resource_of: list[int]  # index into `resources` of each op
+    durations: list[float]
     stage_of: list[int]  # stage of each op
-    segment: list[str]  # fwd | bwd | final_fwd | final_bwd | opt | comm | p2p
+    segment: list[PipelineSegment]
 
 
 def peak_inflight_bytes(pp: int, v: int, M: int, d: int, saved: list[float]) -> tuple[float, int]:
@@ -92,16 +108,22 @@ def peak_inflight_bytes(pp: int, v: int, M: int, d: int, saved: list[float]) -> 
     return peak, peak_count
 
 
-def schedule_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: list[StageTail],
-                      loader_s: float = 0.0) -> PipelineRun:
-    """Schedule M micro-batches through pp stages of v chunks each; chunks[j] is virtual stage j.
+def build_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: list[StageTail],
+                   loader_s: float = 0.0) -> PipelineGraph:
+    """The ops of M micro-batches through pp stages of v chunks each; chunks[j] is virtual stage j.
     `loader_s`: a data-loader pool delivers a batch every loader_s seconds (the first one
     prefetched during the previous step); the first chunk's forward of a micro-batch waits for it."""
     J = pp * v
+    # members read off their class once, not per op (graph/ops.py: slow in Python 3.11)
+    fwd, final_fwd, bwd, final_bwd = (PipelineSegment.FWD, PipelineSegment.FINAL_FWD, PipelineSegment.BWD,
+                                      PipelineSegment.FINAL_BWD)
+    p2p, comm_link, opt = PipelineSegment.P2P, PipelineSegment.COMM, PipelineSegment.OPT
+    data = PipelineSegment.DATA
     items: list[list[tuple]] = []  # per stage: (key, resource, seconds, dep keys, segment, chunk, mb)
     for d in range(pp):
         seq: list[tuple] = []
         tail_deps = []
+        gpu, dp = f"{Resource.GPU}{d}", f"{Resource.DP}{d}"
         for kind, c, m in stage_order(pp, v, M, d):
             j = c * pp + d
             t = chunks[j]
@@ -109,35 +131,35 @@ def schedule_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: 
             if kind == FWD:
                 deps = [("PF", j - 1, m)] if j > 0 else []
                 if j == 0 and loader_s > 0:
-                    seq.append((("L", m), "loader", loader_s if m else 0.0, [], "data", -1, m))
+                    seq.append((("L", m), Resource.LOADER, loader_s if m else 0.0, [], data, -1, m))
                     deps = [("L", m)]
-                seq.append(((FWD, j, m), f"gpu{d}", t.final_fwd_s if last_mb else t.fwd_s, deps,
-                            "final_fwd" if last_mb else "fwd", c, m))
+                seq.append(((FWD, j, m), gpu, t.final_fwd_s if last_mb else t.fwd_s, deps,
+                            final_fwd if last_mb else fwd, c, m))
                 if j < J - 1:
-                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)], "p2p", c, m))
+                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)], p2p, c, m))
             else:
                 deps = [("PB", j + 1, m)] if j < J - 1 else [(FWD, j, m)]
-                seq.append(((BWD, j, m), f"gpu{d}", t.final_bwd_s if last_mb else t.bwd_s, deps,
-                            "final_bwd" if last_mb else "bwd", c, m))
+                seq.append(((BWD, j, m), gpu, t.final_bwd_s if last_mb else t.bwd_s, deps,
+                            final_bwd if last_mb else bwd, c, m))
                 if j > 0:
-                    seq.append((("PB", j, m), _link(d, (j - 1) % pp), chunks[j - 1].send_s, [(BWD, j, m)], "p2p", c, m))
+                    seq.append((("PB", j, m), _link(d, (j - 1) % pp), chunks[j - 1].send_s, [(BWD, j, m)], p2p, c, m))
                 comm = t.final_comm_s if last_mb else t.bwd_comm_s
                 if comm > 0:
-                    seq.append((("C", j, m), f"dp{d}", comm, [(BWD, j, m)], "comm", c, m))
+                    seq.append((("C", j, m), dp, comm, [(BWD, j, m)], comm_link, c, m))
                     tail_deps.append(("C", j, m))
                 tail_deps.append((BWD, j, m))
-        seq.append((("OPT", d), f"gpu{d}", tails[d].optimizer_s, tail_deps, "opt", -1, -1))
+        seq.append((("OPT", d), gpu, tails[d].optimizer_s, tail_deps, opt, -1, -1))
         if tails[d].gather_s > 0:
-            seq.append((("AG", d), f"dp{d}", tails[d].gather_s, [("OPT", d)], "comm", -1, -1))
+            seq.append((("AG", d), dp, tails[d].gather_s, [("OPT", d)], comm_link, -1, -1))
         items.append(seq)
-    return _run(items, pp)
+    return _issue(items, pp)
 
 
 def _link(src: int, dst: int) -> str:
     return f"p2p{src}>{dst}"
 
 
-def _run(items: list[list[tuple]], pp: int) -> PipelineRun:
+def _issue(items: list[list[tuple]], pp: int) -> PipelineGraph:
     """Issue every stage's ops in its own order, interleaving stages so dependencies come first.
 
     Ops of one (stage, segment, chunk) share one Op object (the graph keeps each copy's
@@ -145,7 +167,7 @@ def _run(items: list[list[tuple]], pp: int) -> PipelineRun:
     graph = OpGraph()
     index: dict[tuple, int] = {}
     names: dict[str, int] = {}
-    resources: list[engine.Resource] = []
+    resources: list[str] = []
     shared: dict[tuple, Op] = {}
     resource_of, durations, stage_of, segment = [], [], [], []
     g_ops, g_deps, g_layer, g_mb = graph.ops, graph.deps, graph.layer, graph.microbatch
@@ -165,12 +187,13 @@ def _run(items: list[list[tuple]], pp: int) -> PipelineRun:
             r = names.get(res)
             if r is None:
                 r = names[res] = len(resources)
-                resources.append(engine.Resource(res))
+                resources.append(res)
             op = shared.get((res, seg, c, seconds))
             if op is None:
-                category = "communication" if seg in ("comm", "p2p") else "optimizer" if seg == "opt" else "other"
+                category = (Category.COMMUNICATION if seg in (PipelineSegment.COMM, PipelineSegment.P2P)
+                            else Category.OPTIMIZER if seg == PipelineSegment.OPT else Category.OTHER)
                 name = f"{seg} chunk {c}" if c >= 0 else f"{seg} stage {d}"
-                op = shared[(res, seg, c, seconds)] = Op(name=name, category=category, kind=K.HOST_WORK,
+                op = shared[(res, seg, c, seconds)] = Op(name=name, category=category, kind=Kind.HOST_WORK,
                                                          resource=res, seconds=seconds, kernels=0, phase=seg)
                 op.duration = seconds
             index[key] = len(g_ops)
@@ -187,6 +210,4 @@ def _run(items: list[list[tuple]], pp: int) -> PipelineRun:
         pos[d] = p
     if any(pos[d] < len(items[d]) for d in range(pp)):
         raise RuntimeError("pipeline schedule deadlocks: an op waits for one never issued")
-    n = len(g_ops)
-    sched = engine.run(resources, resource_of, durations, g_deps, [0.0] * n, [False] * n)
-    return PipelineRun(graph, resources, sched, stage_of, segment)
+    return PipelineGraph(graph, resources, resource_of, durations, stage_of, segment)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ghsim.errors import GhsimError
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup, resolve
 from ghsim.graph.step import param_counts
-from ghsim.graph.transformer import Dtypes
+from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan, Precision

@@ -16,15 +16,11 @@ from typing import Callable
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op
 from ghsim.graph.optimizer import adamw_launches, gpu_adamw
-from ghsim.graph.transformer import (
-    LEARNED_POSITION_FWD_KERNELS,
-    RMSNORM_BWD_KERNELS,
-    RMSNORM_FWD_KERNELS,
-    Dtypes,
-    LayerBuilder,
-    LayerSplit,
-    _dtyped,
-)
+from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.dtypes import dtyped as _dtyped
+from ghsim.graph.kernels import LEARNED_POSITION_FWD_KERNELS, RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS
+from ghsim.graph.layer_ops import LayerSplit
+from ghsim.graph.transformer import LayerBuilder
 from ghsim.model import ModelSpec
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import sync_activation_offload

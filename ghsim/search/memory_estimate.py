@@ -37,7 +37,7 @@ from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.parallel import Layout, rank_shard, stage_params
 from ghsim.graph.states import RankStates, node_gpus, rank_states
 from ghsim.graph.step import param_counts
-from ghsim.graph.transformer import Dtypes
+from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, Recompute

@@ -1,4 +1,4 @@
-"""FLOP counts shared by the graph builders and the calibration (one convention for both)."""
+"""FLOP counts: the work the graph builders state and the calibration measures against (one convention for both)."""
 
 
 def gemm_flops(m: int, n: int, k: int) -> float:

@@ -1,0 +1,60 @@
+"""Byte widths and GEMM dtype a plan implies, and the measured curve an op of a given width runs on.
+
+Precision semantics (DESIGN.md, modeling notes):
+- torch-amp (fp32 parameters, autocast): every projection casts its fp32 input
+  to bf16 (one cast per projection, each copy saved for backward) and its fp32
+  weight to bf16 (cached per forward, held until the layer's backward); each
+  weight gradient arrives in bf16 and is cast to fp32.
+- fsdp-mixed / deepspeed (bf16 working weights): no per-op casts; the
+  residual stream is bf16.
+- fp32 / tf32: no casts, everything fp32.
+- fp8: the seven projections quantise activation and weight per tensor in
+  every forward and the output gradient in backward (dynamic scaling), and
+  run the GEMMs at the fp8 rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ghsim.plan import Framework, Plan, Precision
+
+
+def fused_variant(inputs: int, width: int) -> str:
+    """The measured curve a fused kernel streams at: the device copy with one input stream,
+    the add with several (time = fixed + bytes/rate; bytes = inputs read once + outputs written once)."""
+    return dtyped("copy" if inputs <= 1 else "add", width)
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Byte widths and GEMM dtype a plan implies."""
+
+    gemm: str  # dtype the projections' GEMMs run in (cost model key)
+    act: int  # bytes per element of activations feeding GEMMs
+    residual: int  # bytes per element of the residual stream (and norm math input)
+    param: int  # bytes per stored parameter
+    grad: int  # bytes per stored gradient
+    autocast_casts: bool  # per-op input and weight casts (torch-amp with fp32 params)
+
+    @staticmethod
+    def of(plan: Plan) -> "Dtypes":
+        p = plan.precision
+        if p in (Precision.FP32, Precision.TF32):
+            return Dtypes(p.value, 4, 4, 4, 4, False)
+        half = "fp16" if p == Precision.FP16 else "bf16"
+        gemm = "fp8" if p == Precision.FP8 else half
+        if plan.lora_rank:  # frozen base stored in half precision; adapters fp32
+            return Dtypes(gemm, 2, 2, 2, 4, False)
+        if plan.framework == Framework.TORCH_AMP:
+            return Dtypes(gemm, 2, 4, 4, 4, True)
+        if plan.framework.fused_kernels and p == Precision.BF16:
+            # Megatron accumulates (and all-reduces) bf16 gradients in fp32 main_grad buffers
+            # (megatron/training/arguments.py: bf16 sets accumulate_allreduce_grads_in_fp32)
+            return Dtypes(gemm, 2, 2, 2, 4, False)
+        return Dtypes(gemm, 2, 2, 2, 2, False)
+
+
+def dtyped(op: str, width: int) -> str:
+    """The measured curve of `op` in the dtype it runs in (the norm math follows the residual stream)."""
+    return f"{op}:{'fp32' if width == 4 else 'bf16'}"

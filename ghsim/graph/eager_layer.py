@@ -1,0 +1,188 @@
+"""One decoder layer as eager PyTorch runs it (Hugging Face style), forward and backward.
+
+It follows what eager PyTorch really runs, kernel group by kernel group, for a
+Hugging Face style Llama layer (validation/harness/model.py is the reference):
+RMSNorm as its eager composite in fp32, q/k/v/o and gate/up/down projections,
+eager rotary embedding, flash attention, SwiGLU, fp32 residual stream, and the
+loss over the vocabulary on fp32 logits.
+
+Fused kernels (Framework.MEGATRON) are graph/fused_layer.py.
+"""
+
+from __future__ import annotations
+
+from ghsim.graph.dtypes import dtyped
+from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
+from ghsim.graph.kernels import (
+    RMSNORM_BWD_KERNELS,
+    RMSNORM_FWD_KERNELS,
+    ROPE_BWD_KERNELS,
+    ROPE_FWD_KERNELS,
+    SWIGLU_BWD_KERNELS,
+    SWIGLU_FWD_KERNELS,
+    sdpa_backward_kernels,
+)
+from ghsim.graph.layer_ops import LayerOps, Projection
+from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
+from ghsim.plan import Precision, Recompute
+
+
+class EagerLayer(LayerOps):
+    """The eager (unfused) forward and backward of one layer."""
+
+    def _forward_eager(self, save: bool, phase: Phase) -> dict[str, list[str]]:
+        """One layer's forward as eager PyTorch runs it (module docstring)."""
+        self.save, self.phase = save, phase
+        m, dt, T, b, seq = self.m, self.dt, self.T, self.plan.micro_batch, self.plan.seq
+        h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+        rs, act = dt.residual, dt.act
+        kept: dict[str, list[str]] = {}
+
+        # input RMSNorm (fp32 math): keeps rstd and the normalised tensor (and x, the input)
+        Tn = self.Tn
+        self.mem("input_norm", dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, Category.NORM_REDUCTION,
+                 creates={"n1.normed": Tn * h * 4, "n1.rstd": Tn * 4, "n1.out": Tn * h * rs}, transient=Tn * h * 4)
+        gathered = self.tp_gather("n1.all_gather", T * h * rs, "n1.g")
+        for p, out in zip(self.attn_in, ("q", "k", "v")):
+            kept[p.name] = self.projection_fwd(p, gathered or "n1.out", rs, out)
+        if gathered:  # not saved: backward gathers it again
+            self.t.free(self.ops[-1], [gathered])
+        self.release(["n1.normed", "n1.rstd"])
+        if dt.autocast_casts or self.plan.precision == Precision.FP8:
+            self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept
+        else:
+            self.release(["n1.out"])
+        # rotary: rotated copies replace q and k
+        self.mem("rope", "rope", 2 * T * (q + kv) * act, 2 * ROPE_FWD_KERNELS + 2, Category.ELEMENTWISE,
+                 creates={"q_rot": T * q * act, "k_rot": T * kv * act}, frees=["q", "k"], transient=T * (q + kv) * act)
+        # flash attention keeps q, k, v, its output and the log-sum-exp
+        lse = b * m.num_attention_heads * seq * 4
+        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        selective = self.plan.recompute == Recompute.SELECTIVE
+        attn = Op(name="flash_attn", category=Category.ATTENTION, kind=Kind.ATTN_FWD, resource=Resource.GPU,
+                  dtype=self.attn_dtype,
+                  flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+        self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
+        kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
+        self.release(["q_rot", "k_rot", "v", "o"] + ([] if selective else ["lse"]))
+        attn_out = self.tp_reduce("attn_out.tp_reduce", "attn_out", T * h * act)
+        self.mem("attn_residual", "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE,
+                 creates={"h1": Tn * h * rs}, frees=[attn_out])
+        # post-attention RMSNorm and the MLP
+        self.mem("post_attn_norm", dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS,
+                 Category.NORM_REDUCTION,
+                 creates={"n2.normed": Tn * h * 4, "n2.rstd": Tn * 4, "n2.out": Tn * h * rs}, transient=Tn * h * 4)
+        gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
+        self.moe_dispatch_fwd()
+        mlp_outs = ("gate", "up")[: len(self.mlp_in)]
+        for p, out in zip(self.mlp_in, mlp_outs):
+            kept[p.name] = self.projection_fwd(p, gathered or "n2.out", rs, out)
+        if gathered:
+            self.t.free(self.ops[-1], [gathered])
+        self.release(["n2.normed", "n2.rstd", "h1"])
+        if dt.autocast_casts or self.plan.precision == Precision.FP8:
+            self.t.free(self.ops[-1], ["n2.out"])
+        else:
+            self.release(["n2.out"])
+        ff = self.mlp_tokens * self.mlp_in[0].n_out * act
+        # bytes as the microbenchmark counts them: inputs read once, the product written once
+        self.mem("swiglu" if len(self.mlp_in) == 2 else "gelu", "silu_mul", ff * (len(self.mlp_in) + 1),
+                 SWIGLU_FWD_KERNELS, Category.ELEMENTWISE, creates={"act": ff, "prod": ff})
+        kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
+        self.release(list(mlp_outs) + ["act", "prod"])
+        self.moe_combine_fwd()
+        mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
+        self.mem("mlp_residual", "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE,
+                 creates={"x_next": Tn * h * rs}, frees=[mlp_out])
+        if not save:
+            for names in kept.values():
+                self.t.free(self.ops[-1], [n for n in names if n in self.t.live and not n.endswith(".w16")])
+            # autocast's weight cache holds the bf16 copies until the forward ends
+        return kept
+
+    def _backward_eager(self, kept: dict[str, list[str]], phase: Phase) -> None:
+        """One layer's backward as eager PyTorch runs it; "g" (the residual-stream gradient) is live
+        before and after."""
+        self.phase = phase
+        m, dt, T, b, seq = self.m, self.dt, self.T, self.plan.micro_batch, self.plan.seq
+        h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+        act = dt.act
+        g = 4 if dt.autocast_casts else dt.residual  # bytes of the residual-stream gradient
+        grad_cast = dt.autocast_casts
+        Tn = self.Tn
+        # MLP branch
+        self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0,
+                 Category.ELEMENTWISE,
+                 creates={"g_mlp_out": Tn * h * act})
+        g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
+        self.moe_combine_bwd()
+        self.projection_bwd(self.down, g_mlp_out, "g_prod", kept["down_proj"])
+        ff = self.mlp_tokens * self.mlp_in[0].n_out * act
+        grads_in = {f"g_{n}": ff for n in ("gate", "up")[: len(self.mlp_in)]}
+        self.mem("swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, Category.ELEMENTWISE, creates=grads_in,
+                 frees=["g_prod", *[n for n in ("gate", "up", "act", "prod") if n in self.t.live]])
+        regathered = self.tp_gather("n2.all_gather.bwd", T * h * self.dt.residual, "n2.g", for_wgrad=True)
+        if m.moe is not None:
+            self.ep_all_to_all("moe_dispatch.bwd.all_to_all", self.mlp_tokens * h * act)
+        self._input_grads(self.mlp_in, list(grads_in), kept, "g_n2",
+                          extra_free=["n2.out"] + ([regathered] if regathered else []))
+        if m.moe is not None:
+            self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
+        g_n2 = self.tp_reduce("g_n2.tp_reduce", "g_n2", T * h * (4 if dt.autocast_casts else act))
+        self._norm_bwd("post_attn_norm", "n2", g_n2, "h1")
+        # attention branch
+        self.mem("attn_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0,
+                 Category.ELEMENTWISE,
+                 creates={"g_attn_out": Tn * h * act})
+        g_attn_out = self.gathered_grad("g_attn_out", T * h * act)
+        self.projection_bwd(self.o_proj, g_attn_out, "g_o", kept["o_proj"])
+        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        if self.plan.recompute == Recompute.SELECTIVE:
+            recompute = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
+                           resource=Resource.GPU, dtype=self.attn_dtype,
+                           flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+            self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act)
+            self.ops[-1].phase = Phase.RECOMPUTE
+        bwd = Op(name="flash_attn.bwd", category=Category.ATTENTION, kind=Kind.ATTN_BWD, resource=Resource.GPU,
+                 dtype=self.attn_dtype, kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
+                 flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+        self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
+                   ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
+        self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, Category.ELEMENTWISE,
+                 creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
+        regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g", for_wgrad=True)
+        self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1",
+                          extra_free=["n1.out"] + ([regathered] if regathered else []))
+        g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
+        self._norm_bwd("input_norm", "n1", g_n1, "x")
+
+    def _input_grads(self, projs: list[Projection], grads: list[str], kept: dict[str, list[str]],
+                     into: str, extra_free: list[str] | None = None) -> None:
+        """Backward of projections sharing one input, summing their input gradients into `into`."""
+        dt, T, h = self.dt, self.T, self.m.hidden_size
+        parts = []
+        for i, (p, g) in enumerate(zip(projs, grads)):
+            part = f"{into}.{i}"
+            self.projection_bwd(p, g, part, kept[p.name])
+            if dt.autocast_casts:  # the input cast's backward: bf16 gradient to fp32
+                self.mem(f"{p.name}.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE,
+                         creates={part + ".f32": T * h * 4}, frees=[part])
+                part += ".f32"
+            parts.append(part)
+        width = 4 if dt.autocast_casts else dt.act
+        live_extra = [n for n in (extra_free or []) if n in self.t.live]
+        self.mem(f"{into}.sum", "add", (len(parts) + 1) * T * h * width, len(parts) - 1, Category.ELEMENTWISE,
+                 creates={into: T * h * width}, frees=parts + live_extra)
+
+    def _norm_bwd(self, name: str, prefix: str, grad: str, norm_input: str) -> None:
+        """RMSNorm backward, then the residual sum: g += grad through the norm."""
+        T, h = self.Tn, self.m.hidden_size
+        g = 4 if self.dt.autocast_casts else self.dt.residual
+        saved = [n for n in (f"{prefix}.normed", f"{prefix}.rstd", norm_input) if n in self.t.live]
+        weight_grad = {} if self.plan.lora_rank else {f"grad.{name}": h * self.dt.grad}
+        self.mem(f"{name}.bwd", dtyped("rmsnorm_bwd", self.dt.residual), 3 * T * h * self.dt.residual,
+                 RMSNORM_BWD_KERNELS, Category.NORM_REDUCTION,
+                 creates={f"{grad}.x": T * h * g, **weight_grad}, frees=[grad] + saved, transient=T * h * 4)
+        self.mem(f"{name}.residual_sum", "add", 3 * T * h * g, 1, Category.ELEMENTWISE,
+                 creates={"g.new": T * h * g}, frees=["g", f"{grad}.x"])
+        self.t.live["g"] = self.t.live.pop("g.new")
