@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, UM, Op
-from ghsim.report import Timeline
+from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, UM, Category, Op, Phase, Resource
+from ghsim.report import Stall, Timeline
 
-HOST_SIDE = ("h2d", "d2h", "cpu")  # offload's copy engines and host cores
+HOST_SIDE = (Resource.H2D, Resource.D2H, Resource.CPU)  # offload's copy engines and host cores
 # streams whose ops do not hold up the compute stream's spans: gradient reductions, memory
 # markers, and offload's copies and CPU work (timed apart: after backward, in the optimizer)
-NOT_COMPUTE = ("dp", "mem", "loader") + HOST_SIDE
+NOT_COMPUTE = (Resource.DP, Resource.MEM, Resource.LOADER) + HOST_SIDE
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class Segment:
 
 
 # where a compute-stream op's time goes: its kernels' categories, or a copy
-_STREAM_CATEGORIES = KERNEL_CATEGORIES + ("memcpy", "um_migration")
-_NOT_KERNEL = {COPY: "memcpy", UM: "um_migration"}  # the rest: "other"
+_STREAM_CATEGORIES = KERNEL_CATEGORIES + (Category.MEMCPY, Stall.UM_MIGRATION)
+_NOT_KERNEL = {COPY: Category.MEMCPY, UM: Stall.UM_MIGRATION}  # the rest: Category.OTHER
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class OpColumns:
     """What window() and run_microbatch() ask of every op, as arrays (built once per run)."""
 
     on_gpu: np.ndarray  # on the compute stream
-    side: np.ndarray  # on another stream (not "gpu", not the memory markers)
+    side: np.ndarray  # on another stream (not the compute stream, not the memory markers)
     kernel: np.ndarray  # a GPU kernel category (counts toward kernel-busy time)
     cpu: np.ndarray  # host-core work
     not_compute: np.ndarray  # does not hold up the compute stream's spans (NOT_COMPUTE)
@@ -50,17 +50,19 @@ class OpColumns:
     def of(distinct: list[Op], rows: np.ndarray) -> "OpColumns":
         """Columns of the ops `distinct[rows]`."""
         col = {c: k for k, c in enumerate(_STREAM_CATEGORIES)}
+        # members read once: a read off the enum class is slow in Python 3.11 (graph/ops.py)
+        gpu, mem, dp, opt, bwd, other = Resource.GPU, Resource.MEM, Resource.DP, Phase.OPT, Phase.BWD, Category.OTHER
         flags, shares = [], []
         for op in distinct:
             r = op.resource
-            flags.append((r == "gpu", r not in ("gpu", "mem"), op.category in KERNEL_CATEGORIES, op.category == CPU,
-                          r in NOT_COMPUTE, r in HOST_SIDE, op.phase == "opt", r == "dp" and op.phase == "bwd"))
+            flags.append((r == gpu, r not in (gpu, mem), op.category in KERNEL_CATEGORIES, op.category == CPU,
+                          r in NOT_COMPUTE, r in HOST_SIDE, op.phase == opt, r == dp and op.phase == bwd))
             share = [0.0] * len(col)
             if op.category in KERNEL_CATEGORIES:  # composite ops split over the categories of their kernels
                 for cat, part in op.split or ((op.category, 1.0),):
                     share[col[cat]] += part
             else:
-                share[col[_NOT_KERNEL.get(op.category, "other")]] = 1.0
+                share[col[_NOT_KERNEL.get(op.category, other)]] = 1.0
             shares.append(share)
         f = np.array(flags, bool).reshape(-1, 8)[rows]
         return OpColumns(*f.T, shares=np.array(shares).reshape(-1, len(col))[rows])
@@ -77,9 +79,9 @@ def window(tl: Timeline, a: float, b: float, cols: OpColumns) -> Segment:
 
     def wait(key: str, x: float, y: float) -> None:
         """The stream idles over [x, y) for `key`; while host cores work, for them (as on one GPU)."""
-        cpu_s = on_cpu.over(x, y) if key.startswith("wait_") and key != "wait_cpu" else 0.0
+        cpu_s = on_cpu.over(x, y) if key.startswith("wait_") and key != Stall.WAIT_CPU else 0.0
         if cpu_s:
-            out["wait_cpu"] = out.get("wait_cpu", 0.0) + cpu_s
+            out[Stall.WAIT_CPU] = out.get(Stall.WAIT_CPU, 0.0) + cpu_s
         out[key] = out.get(key, 0.0) + y - x - cpu_s
 
     # the compute stream's ops in the window, in order (one stream: they never overlap)
@@ -92,16 +94,16 @@ def window(tl: Timeline, a: float, b: float, cols: OpColumns) -> Segment:
     runs = e > s
     idle = np.where(runs, np.clip(np.minimum(body[g], e) - s, 0.0, None), 0.0)
     if idle.any():
-        out["wait_kernel_gaps"] = float(idle.sum())
+        out[Stall.WAIT_KERNEL_GAPS] = float(idle.sum())
     for cat, t in zip(_STREAM_CATEGORIES, np.where(runs, e - s - idle, 0.0) @ cols.shares[g]):
         if t:
             out[cat] = out.get(cat, 0.0) + float(t)
     last = float(cursor[-1])
     if b > last:  # the window ends on another stream: a collective, a copy or the CPU
         ending = np.flatnonzero(cols.side & (end > a) & (end <= b + 1e-12))
-        key = ops[int(ending[np.argmax(end[ending])])].category if len(ending) else "wait_other"
-        key = {CPU: "wait_cpu", COPY: "wait_transfer"}.get(key, key)
-        key = key if key in KERNEL_CATEGORIES or key.startswith("wait_") else "wait_other"
+        key = ops[int(ending[np.argmax(end[ending])])].category if len(ending) else Stall.WAIT_OTHER
+        key = {CPU: Stall.WAIT_CPU, COPY: Stall.WAIT_TRANSFER}.get(key, key)
+        key = key if key in KERNEL_CATEGORIES or key.startswith("wait_") else Stall.WAIT_OTHER
         wait(key, last, b)
     # kernel-busy time: kernels of every stream (communication too), overlaps counted once
     lo, hi = np.maximum(body, a), np.minimum(end, b)
@@ -116,12 +118,12 @@ def _waited_for(i: int, timeline: Timeline) -> str:
     for d in timeline.deps[i]:
         if abs(sched.end[d] - start) < 1e-12:
             cat = timeline.ops[d].category
-            if cat == "communication":  # a collective on another stream (several GPUs)
-                return "communication"
-            return "wait_cpu" if cat == CPU else "wait_transfer" if cat == COPY else "wait_other"
+            if cat == Category.COMMUNICATION:  # a collective on another stream (several GPUs)
+                return Category.COMMUNICATION
+            return Stall.WAIT_CPU if cat == CPU else Stall.WAIT_TRANSFER if cat == COPY else Stall.WAIT_OTHER
     if abs(sched.issue[i] - start) < 1e-12:
-        return "wait_host_launch"
-    return "wait_other"
+        return Stall.WAIT_HOST_LAUNCH
+    return Stall.WAIT_OTHER
 
 
 class Coverage:

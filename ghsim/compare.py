@@ -13,20 +13,20 @@ from typing import Any, Callable
 
 from ghsim.cost.calibration import Calibration
 from ghsim.errors import GhsimError
-from ghsim.graph.ops import KERNEL_CATEGORIES
+from ghsim.graph.ops import KERNEL_CATEGORIES, Category
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
-from ghsim.report import StepReport
+from ghsim.report import Stall, StepReport
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "compute": tuple(c for c in KERNEL_CATEGORIES if c != "communication"),
-    "communication": ("communication", "wait_comm"),
-    "exposed transfers": ("memcpy", "wait_transfer"),
-    "CPU waits": ("wait_cpu",),
-    "unified-memory stalls": ("um_migration",),
-    "host launch waits": ("wait_host_launch",),
-    "other waits": ("wait_other",),
+    "compute": tuple(c for c in KERNEL_CATEGORIES if c != Category.COMMUNICATION),
+    "communication": (Category.COMMUNICATION,),
+    "exposed transfers": (Category.MEMCPY, Stall.WAIT_TRANSFER),
+    "CPU waits": (Stall.WAIT_CPU,),
+    "unified-memory stalls": (Stall.UM_MIGRATION,),
+    "host launch waits": (Stall.WAIT_HOST_LAUNCH,),
+    "other waits": (Stall.WAIT_OTHER,),
 }
 
 

@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ghsim.breakdown import HOST_SIDE
 from ghsim.graph import ops as K
-from ghsim.graph.offload import resolve
+from ghsim.graph.offload import OffloadSetup
+from ghsim.graph.ops import Category, Phase
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan
+from ghsim.report import Stall
 from ghsim.sim.memory import TierPeak
 
 if TYPE_CHECKING:
@@ -25,17 +28,18 @@ class HostTraffic:
 
     bytes_h2d: float = 0.0
     bytes_d2h: float = 0.0
-    busy_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # h2d, d2h, cpu
+    busy_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # per HOST_SIDE: h2d, d2h, cpu
     cpu_optimizer_s: float = 0.0
 
     @staticmethod
     def of(ops: list, start: np.ndarray, end: np.ndarray) -> "HostTraffic":
         dur = (end - start).tolist()
         moved = {K.H2D: 0.0, K.D2H: 0.0}
-        busy = {"h2d": 0.0, "d2h": 0.0, "cpu": 0.0}
+        busy = dict.fromkeys(HOST_SIDE, 0.0)
         cpu_optimizer = 0.0
+        data = Phase.DATA  # read once: a member read off its enum class is slow (graph/ops.py)
         for op, d in zip(ops, dur):
-            if op.kind in moved and op.phase != "data":
+            if op.kind in moved and op.phase != data:
                 moved[op.kind] += op.bytes
             if op.resource in busy:
                 busy[op.resource] += d
@@ -54,13 +58,14 @@ class HostTraffic:
                            self.cpu_optimizer_s * k)
 
 
-def traffic_section(traffic: HostTraffic, breakdown: dict[str, float], plan: Plan, hw: Hardware) -> dict[str, Any]:
-    setup = resolve(plan)
-    exposed = breakdown.get("wait_transfer", 0.0) + breakdown.get("memcpy", 0.0)
+def traffic_section(traffic: HostTraffic, breakdown: dict[str, float], plan: Plan, setup: OffloadSetup,
+                    hw: Hardware) -> dict[str, Any]:
+    """The report's "offload" section; `setup` is the plan's offload, resolved."""
+    exposed = breakdown.get(Stall.WAIT_TRANSFER, 0.0) + breakdown.get(Category.MEMCPY, 0.0)
     link = hw.host_link
     summary = (f"{setup.schedule.value} schedule over {link.kind}: {traffic.bytes_d2h / 1e9:.2f} GB down, "
                f"{traffic.bytes_h2d / 1e9:.2f} GB up; CPU optimizer {traffic.cpu_optimizer_s * 1e3:.1f} ms; "
-               f"GPU waits {exposed * 1e3:.1f} ms on transfers, {breakdown.get('wait_cpu', 0.0) * 1e3:.1f} ms on the CPU")
+               f"GPU waits {exposed * 1e3:.1f} ms on transfers, {breakdown.get(Stall.WAIT_CPU, 0.0) * 1e3:.1f} ms on the CPU")
     return {
         "schedule": setup.schedule.value,
         "targets": sorted(plan.offload),
@@ -69,7 +74,7 @@ def traffic_section(traffic: HostTraffic, breakdown: dict[str, float], plan: Pla
         "host_link": link.kind,
         "bytes_h2d": traffic.bytes_h2d,
         "bytes_d2h": traffic.bytes_d2h,
-        "busy_s": dict(zip(("h2d", "d2h", "cpu"), traffic.busy_s)),
+        "busy_s": dict(zip(HOST_SIDE, traffic.busy_s)),
         "cpu_optimizer_s": traffic.cpu_optimizer_s,
         "exposed_transfer_s": exposed,
         "summary": summary,
@@ -86,7 +91,7 @@ def per_node(peak: TierPeak, gpus_on_node: int) -> TierPeak:
 
 
 def unified_memory_section(um: "UnifiedMemoryUse", breakdown: dict[str, float], step_time: float) -> dict[str, Any]:
-    stall = breakdown.get("um_migration", 0.0)
+    stall = breakdown.get(Stall.UM_MIGRATION, 0.0)
     share = stall / step_time if step_time > 0 else 0.0
     if um.active:
         summary = (f"demand {um.demand_peak_bytes / 1e9:.1f} GB > HBM {um.hbm_capacity_bytes / 1e9:.0f} GB: "

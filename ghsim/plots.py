@@ -8,11 +8,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ghsim.errors import GhsimError  # noqa: E402
+from ghsim.graph.ops import Category, Phase, Resource  # noqa: E402
 from ghsim.report import GiB, StepReport  # noqa: E402
 
 CATEGORY_COLORS = {
-    "gemm": "#1f77b4", "attention": "#9467bd", "elementwise": "#2ca02c", "norm_reduction": "#bcbd22",
-    "optimizer": "#d62728", "communication": "#ff7f0e", "other": "#7f7f7f", "memcpy": "#17becf", "cpu": "#8c564b",
+    Category.GEMM: "#1f77b4", Category.ATTENTION: "#9467bd", Category.ELEMENTWISE: "#2ca02c",
+    Category.NORM_REDUCTION: "#bcbd22", Category.OPTIMIZER: "#d62728", Category.COMMUNICATION: "#ff7f0e",
+    Category.OTHER: "#7f7f7f", Category.MEMCPY: "#17becf", Category.CPU: "#8c564b",
 }
 
 
@@ -27,7 +29,7 @@ def save(fig, path: str) -> None:
         plt.close(fig)
 
 
-PHASE_SHADES = {"fwd": "#e8f0fb", "bwd": "#fbeee8", "recompute": "#fbeee8", "opt": "#fbe8ea"}
+PHASE_SHADES = {Phase.FWD: "#e8f0fb", Phase.BWD: "#fbeee8", Phase.RECOMPUTE: "#fbeee8", Phase.OPT: "#fbe8ea"}
 
 
 def plot_step(report: StepReport, path: str) -> None:
@@ -73,9 +75,10 @@ def plot_step(report: StepReport, path: str) -> None:
 def _shade_phases(ax, tl, start, end) -> None:
     """Background spans of the step's phases on the compute stream."""
     spans: dict[str, list[float]] = {}
+    gpu, recompute, bwd = Resource.GPU, Phase.RECOMPUTE, Phase.BWD  # read once, not per op (graph/ops.py)
     for i, op in enumerate(tl.ops):
-        if op.resource == "gpu" and op.phase in PHASE_SHADES and end[i] > start[i]:
-            span = spans.setdefault(op.phase if op.phase != "recompute" else "bwd", [start[i], end[i]])
+        if op.resource == gpu and op.phase in PHASE_SHADES and end[i] > start[i]:
+            span = spans.setdefault(op.phase if op.phase != recompute else bwd, [start[i], end[i]])
             span[0], span[1] = min(span[0], start[i]), max(span[1], end[i])
     for phase, (a, b) in spans.items():
         ax.axvspan(a, b, color=PHASE_SHADES[phase], zorder=0)

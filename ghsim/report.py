@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
-from ghsim.graph.ops import KERNEL_CATEGORIES, Op
+from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Op
 from ghsim.sim.engine import Schedule
 from ghsim.sim.memory import TierPeak
 
@@ -93,10 +94,23 @@ def mfu_dtype(precision: str) -> str:
     return precision if precision in ("tf32", "fp32") else "bf16"
 
 
+class Stall(StrEnum):
+    """Time-breakdown keys for compute-stream time that is not a kernel category: page migrations
+    on the stream, and what the stream waited for in its gaps."""
+
+    UM_MIGRATION = "um_migration"  # unified-memory pages migrating in (the stream stalls)
+    WAIT_CPU = "wait_cpu"  # host cores: an offloaded optimizer, the data loader
+    WAIT_TRANSFER = "wait_transfer"  # a host<->device copy
+    WAIT_HOST_LAUNCH = "wait_host_launch"  # the host had not issued the kernel yet
+    WAIT_OTHER = "wait_other"
+    WAIT_KERNEL_GAPS = "wait_kernel_gaps"  # launch gaps before short kernels
+    PIPELINE_BUBBLE = "pipeline_bubble"  # a pipeline stage waiting for its neighbours
+
+
 # Where a compute stream's time goes: its kernels by category, copies and page migrations on it,
 # and what it waited for (a multi-GPU stage adds its pipeline bubbles).
-BREAKDOWN_KEYS = KERNEL_CATEGORIES + ("memcpy", "um_migration", "wait_cpu", "wait_transfer", "wait_host_launch",
-                                      "wait_other", "wait_kernel_gaps")
+BREAKDOWN_KEYS = KERNEL_CATEGORIES + (Category.MEMCPY, Stall.UM_MIGRATION, Stall.WAIT_CPU, Stall.WAIT_TRANSFER,
+                                      Stall.WAIT_HOST_LAUNCH, Stall.WAIT_OTHER, Stall.WAIT_KERNEL_GAPS)
 
 
 def model_flops(model, plan) -> float:

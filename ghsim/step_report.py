@@ -11,22 +11,29 @@ import numpy as np
 from ghsim.breakdown import Segment
 from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import NCCL_CTAS, Fabric
-from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.offload import OffloadSetup, resolve as resolve_offload
+from ghsim.graph.ops import Category, Phase, Resource
 from ghsim.graph.parallel import Layout
+from ghsim.graph.pipeline import PipelineSegment
 from ghsim.sim.pipeline import PipelineRun
 from ghsim.graph.unified_memory import UnifiedMemoryUse, resident_peak
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, traffic_section, unified_memory_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
-from ghsim.report import BREAKDOWN_KEYS, StepReport, Timeline, fit_problems, mfu_dtype, model_flops, step_fields
+from ghsim.report import BREAKDOWN_KEYS, Stall, StepReport, Timeline, fit_problems, mfu_dtype, model_flops, step_fields
 from ghsim.sim.memory import TierPeak, hbm_replay
 
 # what a gap on a stage's compute stream waited for, by the segment of the op it waited on
-_GAP_KEYS = {"comm": "communication", "data": "wait_cpu"}
+_GAP_KEYS = {PipelineSegment.COMM: Category.COMMUNICATION, PipelineSegment.DATA: Stall.WAIT_CPU}
 # with one data-parallel rank the link after a backward carries no collective, only offloaded
 # gradients still landing on the host: the stage waits for a transfer, and no NCCL kernel runs
-_ONE_RANK_GAP_KEYS = {**_GAP_KEYS, "comm": "wait_transfer"}
+_ONE_RANK_GAP_KEYS = {**_GAP_KEYS, PipelineSegment.COMM: Stall.WAIT_TRANSFER}
+# which kernel-level window a compute-stream op of the schedule stands for (sets: read per op)
+_FINAL_SEGMENTS = frozenset({PipelineSegment.FINAL_FWD, PipelineSegment.FINAL_BWD})
+_FORWARD_SEGMENTS = frozenset({PipelineSegment.FWD, PipelineSegment.FINAL_FWD})
+_OPT_SEGMENT = PipelineSegment.OPT
+_FWD, _BWD, _OPT = Phase.FWD, Phase.BWD, Phase.OPT  # the kernel-level run's windows (MicrobatchRun.segments)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,8 @@ def assemble(s: SteppedPlan, keep_timeline: bool) -> StepReport:
     breakdown, utilization = _stage_breakdown(pipe, gpu_ops[rep], last_end[rep], step_time, s.runs, s.kind_of,
                                               layout.pp, _ONE_RANK_GAP_KEYS if layout.dp == 1 else _GAP_KEYS)
     hbm, host, problems = _memory(s)
-    extra = {**_offload_extra(plan, hw, s.runs, s.kind_of, rep, layout, breakdown, s.scheduled_microbatches)}
+    offload = resolve_offload(plan)
+    extra = {**_offload_extra(plan, offload, hw, s.runs, s.kind_of, rep, layout, breakdown, s.scheduled_microbatches)}
     if layout.gpus > 1:
         extra = {"parallel": _parallel_section(s, busy, rep, breakdown, step_time), **extra}
     if s.unified_memory is not None:
@@ -74,7 +82,7 @@ def assemble(s: SteppedPlan, keep_timeline: bool) -> StepReport:
         hbm=hbm,
         host=host,
         fit_problems=tuple(problems),
-        notes=tuple(_notes(plan, layout, hw, s.host_side)),
+        notes=tuple(_notes(plan, offload, layout, hw, s.host_side)),
         timeline=timeline,
         extra=extra,
     )
@@ -119,8 +127,8 @@ def _timeline(s: SteppedPlan, hbm: TierPeak, host: TierPeak) -> tuple[Timeline, 
 def _parallel_section(s: SteppedPlan, busy: list[float], rep: int, breakdown: dict[str, float],
                       step_time: float) -> dict:
     layout, M, stage_mem = s.layout, s.plan.grad_accum, s.stages
-    bubble = breakdown.get("pipeline_bubble", 0.0)
-    exposed = breakdown.get("communication", 0.0)
+    bubble = breakdown.get(Stall.PIPELINE_BUBBLE, 0.0)
+    exposed = breakdown.get(Category.COMMUNICATION, 0.0)
     return {
         "summary": (f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} on {layout.nodes} node(s); {M} micro-batch(es) "
                     f"per rank; pipeline bubble {bubble / step_time:.1%}, communication on the critical path "
@@ -151,9 +159,10 @@ def _ops_by_stage(pipe: PipelineRun, pp: int) -> tuple[list[list[int]], list[flo
     gpu = [[] for _ in range(pp)]
     last_end = [0.0] * pp
     end = pipe.schedule.end
+    compute = Resource.GPU.value  # the compute stream of a stage: "gpu", or per stage "gpu0", "gpu1", ...
     for i, op in enumerate(pipe.graph.ops):
         d = pipe.stage_of[i]
-        if op.resource.startswith("gpu"):
+        if op.resource.startswith(compute):
             gpu[d].append(i)
         if end[i] > last_end[d]:
             last_end[d] = float(end[i])
@@ -166,16 +175,16 @@ def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, ste
     breakdown, the gaps between them (pipeline bubbles, or exposed gradient reduction); and its
     kernel-busy share of the step."""
     g, sched = pipe.graph, pipe.schedule
-    out: dict[str, float] = dict.fromkeys(BREAKDOWN_KEYS + ("pipeline_bubble",), 0.0)
+    bubble, communication = Stall.PIPELINE_BUBBLE, Category.COMMUNICATION
+    out: dict[str, float] = dict.fromkeys(BREAKDOWN_KEYS + (bubble,), 0.0)
     cursor, kernel = 0.0, 0.0
     for i in gpu_ops:
         s, e = sched.start[i], sched.end[i]
         if s > cursor:
             waited = [k for k in g.deps[i] if abs(sched.end[k] - s) < 1e-12]
-            key = gap_keys.get(next((pipe.segment[k] for k in waited if pipe.segment[k] in gap_keys), ""),
-                               "pipeline_bubble")
+            key = gap_keys.get(next((pipe.segment[k] for k in waited if pipe.segment[k] in gap_keys), ""), bubble)
             out[key] += s - cursor
-            if key == "communication":  # NCCL kernels run while the compute stream waits
+            if key == communication:  # NCCL kernels run while the compute stream waits
                 kernel += s - cursor
         seg = _segment_of(pipe, i, runs, kind_of, pp)
         if seg is not None and seg.seconds > 0:
@@ -183,12 +192,12 @@ def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, ste
                 out[k] = out.get(k, 0.0) + t * (e - s) / seg.seconds
             kernel += seg.kernel_busy * (e - s) / seg.seconds
         else:
-            out["other"] += e - s
+            out[Category.OTHER] += e - s
         cursor = max(cursor, e)
     if step_time > cursor:  # the step ends on this stage's data-parallel link, or on another stage
         ends_here = abs(last_end - step_time) < 1e-12
-        out[gap_keys["comm"] if ends_here else "pipeline_bubble"] += step_time - cursor
-        if ends_here and gap_keys["comm"] == "communication":
+        out[gap_keys[PipelineSegment.COMM] if ends_here else bubble] += step_time - cursor
+        if ends_here and gap_keys[PipelineSegment.COMM] == communication:
             kernel += step_time - cursor
     out = {k: float(t) for k, t in out.items()}
     return out, min(1.0, kernel / step_time) if step_time else 0.0
@@ -196,22 +205,22 @@ def _stage_breakdown(pipe: PipelineRun, gpu_ops: list[int], last_end: float, ste
 
 def _segment_of(pipe: PipelineRun, i: int, runs, kind_of, pp: int) -> Segment | None:
     seg = pipe.segment[i]
-    if seg == "opt":
+    if seg == _OPT_SEGMENT:
         d = pipe.stage_of[i]
         # the optimizer of stage d: sum its chunks' optimizer windows (all alike in breakdown)
-        return runs[kind_of[d]][0].segments["opt"]
+        return runs[kind_of[d]][0].segments[_OPT]
     c = pipe.graph.layer[i]
     j = c * pp + pipe.stage_of[i]
     final, middle = runs[kind_of[j]]
-    run = final if seg.startswith("final") else middle
-    return run.segments["fwd" if seg.endswith("fwd") else "bwd"]
+    run = final if seg in _FINAL_SEGMENTS else middle
+    return run.segments[_FWD if seg in _FORWARD_SEGMENTS else _BWD]
 
 
-def _offload_extra(plan: Plan, hw: Hardware, runs, kind_of, rep: int, layout: Layout,
+def _offload_extra(plan: Plan, setup: OffloadSetup, hw: Hardware, runs, kind_of, rep: int, layout: Layout,
                    breakdown: dict[str, float], M: int) -> dict:
     """The report's "offload" section for one GPU of the representative stage, over the whole step:
     its chunks' last micro-batch once and their other micro-batches M - 1 times each."""
-    if not resolve_offload(plan).any:
+    if not setup.any:
         return {}
     traffic = HostTraffic()
     for c in range(layout.interleave):
@@ -220,13 +229,13 @@ def _offload_extra(plan: Plan, hw: Hardware, runs, kind_of, rep: int, layout: La
             if times:
                 ops, sched = run.mb.graph.ops, run.schedule
                 traffic += HostTraffic.of(ops, sched.start, sched.end).times(times)
-    section = traffic_section(traffic, breakdown, plan, hw)
+    section = traffic_section(traffic, breakdown, plan, setup, hw)
     if layout.gpus > 1:
         section["per_gpu"] = True  # bytes, busy and CPU times are one GPU's; every GPU does the same
     return {"offload": section}
 
 
-def _notes(plan: Plan, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
+def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
     if layout.gpus == 1:
         return _one_gpu_notes(plan)
     notes = [f"precision semantics: {plan.framework.value}",
@@ -240,7 +249,6 @@ def _notes(plan: Plan, layout: Layout, hw: Hardware, host: HostSide) -> list[str
                      "no saving, simulated as stage 0")
     if layout.tp > layout.gpus_per_node:
         notes.append(f"tensor parallelism ({layout.tp}) spans nodes: its collectives cross the network")
-    setup = resolve_offload(plan)
     if setup.any:
         shard = f"its 1/{setup.shard} shard" if setup.shard > 1 else "a full replica"
         if hw.host_link.is_c2c:

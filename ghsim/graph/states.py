@@ -201,9 +201,10 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
     return 0.0
 
 
-def rank_states(plan: Plan, dp: int, stage: StageParams) -> RankStates:
-    """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state."""
-    setup, unoffloaded = resolve(plan), plan.with_(offload=frozenset())
+def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup | None = None) -> RankStates:
+    """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state.
+    `setup`: resolve(plan), when the caller has it."""
+    setup, unoffloaded = setup or resolve(plan), plan.with_(offload=frozenset())
     hbm = resident_states(model_state_bytes(stage.params, stage.trainable, unoffloaded, dp), plan, stage.layer_share,
                           setup=setup)
     buckets = comm_buckets(plan, dp, stage.trainable)
@@ -212,13 +213,13 @@ def rank_states(plan: Plan, dp: int, stage: StageParams) -> RankStates:
     return RankStates(hbm, host_static_bytes(plan, stage.trainable, stage.params, setup))
 
 
-def kept_states(plan: Plan, dp: int, stage: StageParams) -> dict[str, float]:
+def kept_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup | None = None) -> dict[str, float]:
     """The model state one GPU of a stage keeps on the GPU, as the ZeRO paper counts it (the
     report's "model_state_bytes"): rank_states' fragments with the full gradients backward
-    creates, without the buckets."""
+    creates, without the buckets. `setup`: resolve(plan), when the caller has it."""
     zero = plan.zero if dp > 1 else 0
     return resident_states(model_states(stage.params, stage.trainable, plan.with_(offload=frozenset()), dp), plan,
-                           stage.layer_share, grads_are_shards=zero >= 2)
+                           stage.layer_share, grads_are_shards=zero >= 2, setup=setup)
 
 
 def single_gpu_states(model: ModelSpec, plan: Plan) -> RankStates:

@@ -269,7 +269,7 @@ def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimat
     for d in sorted({0, pp - 1} | ({1} if pp > 2 else set())):
         first, last = d == 0, d == pp - 1
         stage = stage_params(model, plan, layout, d, local)
-        states = rank_states(plan, layout.dp, stage)
+        states = rank_states(plan, layout.dp, stage, setup)
         # the replay runs an interleaved stage's chunks one at a time, each with its own gradients
         # and optimizer: those of its largest chunk (the one with the embedding or the loss)
         grads = _grad_parts(local, plan, dt, chunk_layers, first, last)

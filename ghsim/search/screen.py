@@ -24,7 +24,7 @@ from enum import Enum
 
 from ghsim.cost.calibration import Calibration
 from ghsim.errors import GhsimError
-from ghsim.graph.ops import KERNEL_CATEGORIES
+from ghsim.graph.ops import KERNEL_CATEGORIES, Category
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
@@ -240,7 +240,8 @@ def _bilinear(values: dict[tuple[int, int], float], xs: tuple[int, ...], ys: tup
 
 # Kernels every micro-batch runs on the compute stream whatever the plan does with
 # its state: the forward, backward and loss (not the optimizer, copies or collectives).
-COMPUTE_CATEGORIES = tuple(c for c in KERNEL_CATEGORIES if c not in ("optimizer", "communication", "other"))
+COMPUTE_CATEGORIES = tuple(c for c in KERNEL_CATEGORIES
+                           if c not in (Category.OPTIMIZER, Category.COMMUNICATION, Category.OTHER))
 
 
 def compute_class(plan: Plan) -> Plan:
