@@ -119,6 +119,23 @@ def _bool(d: dict[str, Any], key: str, where: str, default: bool | None = None) 
     return v
 
 
+@dataclass(frozen=True)
+class _Profile:
+    """Reads sourced, non-negative figures of one profile file (`where`, for the error messages)."""
+
+    where: str
+
+    def figure(self, t: dict[str, Any], key: str, section: str) -> float:
+        v = sourced(t, key, f"{self.where} [{section}]")
+        if v < 0:
+            raise GhsimError(f"{self.where} [{section}]: '{key}' must not be negative")
+        return v
+
+    def optional(self, t: dict[str, Any], key: str, section: str) -> float:
+        """A figure the profile may leave out (0 then)."""
+        return self.figure(t, key, section) if key in t else 0.0
+
+
 def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
     gpu = _table(d, "gpu", where)
     peaks = _table(gpu, "peak_tflops", where + " [gpu]")
@@ -131,14 +148,8 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
     gl_t = _table(d, "gpu_link", where)
     net_t = _table(d, "network", where)
     launch_t = _table(d, "launch", where)
-
-    def s(t: dict[str, Any], key: str, section: str) -> float:
-        v = sourced(t, key, f"{where} [{section}]")
-        if v < 0:
-            raise GhsimError(f"{where} [{section}]: '{key}' must not be negative")
-        return v
-
-    peak_flops = {dt: s(peaks, dt, "gpu.peak_tflops") * 1e12 for dt in DTYPES}
+    f = _Profile(where)
+    peak_flops = {dt: f.figure(peaks, dt, "gpu.peak_tflops") * 1e12 for dt in DTYPES}
     if any(v <= 0 for v in peak_flops.values()):
         raise GhsimError(f"{where} [gpu.peak_tflops]: every peak must be positive")
     gpus_per_node = _count(gl_t, "gpus_per_node", f"{where} [gpu_link]")
@@ -148,68 +159,71 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
         description=str(d.get("description", "")),
         calibration=str(d.get("calibration", "")),
         gpu_model=str(gpu.get("model", "")),
-        sm_count=int(s(gpu, "sm_count", "gpu")),
+        sm_count=int(f.figure(gpu, "sm_count", "gpu")),
         peak_flops=peak_flops,
-        hbm=MemoryTier(
-            "hbm",
-            str(hbm_t.get("kind", "HBM")),
-            s(hbm_t, "capacity_gb", "memory.hbm") * GB,
-            s(hbm_t, "bandwidth_gbps", "memory.hbm") * GB,
-        ),
-        host=MemoryTier(
-            "host",
-            str(host_t.get("kind", "DRAM")),
-            s(host_t, "capacity_gb", "memory.host") * GB,
-            s(host_t, "bandwidth_gbps", "memory.host") * GB,
-        ),
-        host_link=HostLink(
-            kind=str(link_t.get("kind", "pcie")),
-            h2d_pinned=s(link_t, "h2d_pinned_gbps", "host_link") * GB,
-            d2h_pinned=s(link_t, "d2h_pinned_gbps", "host_link") * GB,
-            h2d_pageable=s(link_t, "h2d_pageable_gbps", "host_link") * GB,
-            d2h_pageable=s(link_t, "d2h_pageable_gbps", "host_link") * GB,
-            bidirectional_total=s(link_t, "bidirectional_total_gbps", "host_link") * GB,
-            latency_s=s(link_t, "latency_us", "host_link") * 1e-6,
-            gpu_reads_host_in_place=_bool(link_t, "gpu_reads_host_in_place", where, False),
-            in_place_read=(
-                s(link_t, "in_place_read_gbps", "host_link") * GB
-                if "in_place_read_gbps" in link_t
-                else 0.0
-            ),
-            gpus_sharing=_count(link_t, "gpus_sharing_host_link", f"{where} [host_link]"),
-        ),
-        unified_memory=UnifiedMemory(
-            supported=_bool(um_t, "supported", where, False),
-            page_size_bytes=s(um_t, "page_size_kb", "unified_memory") * 1024,
-            fault_batch_latency_s=s(um_t, "fault_batch_latency_us", "unified_memory") * 1e-6,
-            migration=s(um_t, "migration_gbps", "unified_memory") * GB,
-            access_in_place=_bool(um_t, "access_in_place", where, False),
-        ),
+        hbm=_memory_tier(f, "hbm", hbm_t, "HBM"),
+        host=_memory_tier(f, "host", host_t, "DRAM"),
+        host_link=_host_link(f, link_t),
+        unified_memory=_unified_memory(f, um_t),
         cpu=Cpu(
             model=str(cpu_t.get("model", "")),
-            cores=int(s(cpu_t, "cores", "cpu")),
-            adamw_params_per_s=s(cpu_t, "adamw_params_per_s", "cpu"),
+            cores=int(f.figure(cpu_t, "cores", "cpu")),
+            adamw_params_per_s=f.figure(cpu_t, "adamw_params_per_s", "cpu"),
         ),
-        gpu_link=Link(
-            kind=str(gl_t.get("kind", "")),
-            bandwidth=s(gl_t, "bandwidth_gbps", "gpu_link") * GB,
-            latency_s=s(gl_t, "latency_us", "gpu_link") * 1e-6,
-            per_peer=(s(gl_t, "per_peer_bandwidth_gbps", "gpu_link") * GB
-                      if "per_peer_bandwidth_gbps" in gl_t else 0.0),
-        ),
+        gpu_link=_link(f, gl_t, "gpu_link", per_peer=True),
         gpus_per_node=gpus_per_node,
-        network=Link(
-            kind=str(net_t.get("kind", "")),
-            bandwidth=s(net_t, "bandwidth_gbps", "network") * GB,
-            latency_s=s(net_t, "latency_us", "network") * 1e-6,
-        ),
-        kernel_launch_s=s(launch_t, "kernel_launch_us", "launch") * 1e-6,
-        cuda_graph_kernel_s=s(launch_t, "cuda_graph_kernel_us", "launch") * 1e-6,
+        network=_link(f, net_t, "network", per_peer=False),
+        kernel_launch_s=f.figure(launch_t, "kernel_launch_us", "launch") * 1e-6,
+        cuda_graph_kernel_s=f.figure(launch_t, "cuda_graph_kernel_us", "launch") * 1e-6,
         price_per_gpu_hour=(
             sourced(d, "price_per_gpu_hour_usd", where) if price is not None else 0.0
         ),
         source_file=where,
         raw=d,
+    )
+
+
+def _memory_tier(f: _Profile, name: str, t: dict[str, Any], default_kind: str) -> MemoryTier:
+    section = f"memory.{name}"
+    return MemoryTier(name, str(t.get("kind", default_kind)), f.figure(t, "capacity_gb", section) * GB,
+                      f.figure(t, "bandwidth_gbps", section) * GB)
+
+
+def _host_link(f: _Profile, t: dict[str, Any]) -> HostLink:
+    def gbps(key: str) -> float:
+        return f.figure(t, key, "host_link") * GB
+
+    return HostLink(
+        kind=str(t.get("kind", "pcie")),
+        h2d_pinned=gbps("h2d_pinned_gbps"),
+        d2h_pinned=gbps("d2h_pinned_gbps"),
+        h2d_pageable=gbps("h2d_pageable_gbps"),
+        d2h_pageable=gbps("d2h_pageable_gbps"),
+        bidirectional_total=gbps("bidirectional_total_gbps"),
+        latency_s=f.figure(t, "latency_us", "host_link") * 1e-6,
+        gpu_reads_host_in_place=_bool(t, "gpu_reads_host_in_place", f.where, False),
+        in_place_read=f.optional(t, "in_place_read_gbps", "host_link") * GB,
+        gpus_sharing=_count(t, "gpus_sharing_host_link", f"{f.where} [host_link]"),
+    )
+
+
+def _unified_memory(f: _Profile, t: dict[str, Any]) -> UnifiedMemory:
+    return UnifiedMemory(
+        supported=_bool(t, "supported", f.where, False),
+        page_size_bytes=f.figure(t, "page_size_kb", "unified_memory") * 1024,
+        fault_batch_latency_s=f.figure(t, "fault_batch_latency_us", "unified_memory") * 1e-6,
+        migration=f.figure(t, "migration_gbps", "unified_memory") * GB,
+        access_in_place=_bool(t, "access_in_place", f.where, False),
+    )
+
+
+def _link(f: _Profile, t: dict[str, Any], section: str, per_peer: bool) -> Link:
+    """A GPU-to-GPU link: within a node (`per_peer`: its per-peer bandwidth, when given) or the network."""
+    return Link(
+        kind=str(t.get("kind", "")),
+        bandwidth=f.figure(t, "bandwidth_gbps", section) * GB,
+        latency_s=f.figure(t, "latency_us", section) * 1e-6,
+        per_peer=f.optional(t, "per_peer_bandwidth_gbps", section) * GB if per_peer else 0.0,
     )
 
 
