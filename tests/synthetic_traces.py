@@ -54,97 +54,127 @@ class _Expect:
                 "steps": dict(self.steps), "memory_peak": self.peak}
 
 
+class _KinetoStream:
+    """The events of a Kineto trace as they are written, with the clocks and counters they share."""
+
+    def __init__(self, f, rng: random.Random, exp: _Expect, new_format: bool, memory_events: bool):
+        self.f, self.rng, self.exp, self.new_format, self.memory_events = f, rng, exp, new_format, memory_events
+        # Old traces are whole microseconds; new ones carry a nanosecond fraction.
+        self.quantum = 1 if new_format else 1000
+        self.base = BASE_NS if new_format else 0
+        self.t = (1_700_000_000_000_000_000 if not new_format else BASE_NS + 4_458_676_388_068_751) // 1000 * 1000
+        self.gpu_t = 0
+        self.ext = 0
+        self.allocated, self.reserved = 1 << 30, 2 << 30
+        self.first = True
+
+    def us(self, ns: int) -> str:
+        rel = ns - self.base
+        return f"{rel // 1000}.{rel % 1000:03d}" if self.new_format else str(rel // 1000)
+
+    def q(self, ns: int) -> int:
+        return max(self.quantum, ns // self.quantum * self.quantum)
+
+    def emit(self, text: str) -> None:
+        self.f.write(text if self.first else ",\n" + text)
+        self.first = False
+
+    def step(self, step: int, kernels: int, cpu_events_per_kernel: int) -> None:
+        """One profiler step: its kernels with their launches, stray copies, memsets and memory events."""
+        step_start = self.t
+        self.gpu_t = self.t + self.q(50_000)
+        for _ in range(kernels):
+            gap = self.kernel(cpu_events_per_kernel)
+            self.t += self.q(6_000)
+            if self.rng.random() < 0.05:
+                self.copy(gap)
+            if self.rng.random() < 0.03:
+                self.memset(gap)
+            if self.memory_events and self.rng.random() < 0.2:
+                self.memory()
+        us, q = self.us, self.q
+        self.t = max(self.t, self.gpu_t) + q(20_000)
+        self.exp.steps[step] = self.t - step_start
+        self.emit(f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": 4242, '
+                  f'"tid": 4242,\n    "ts": {us(step_start)}, "dur": {us(self.base + self.t - step_start)},\n'
+                  f'    "args": {{\n      "External id": {step}, "Ev Idx": 0\n    }}\n  }}')
+        self.t += q(40_000)
+
+    def kernel(self, cpu_events: int) -> int:
+        """A kernel, its CPU ops, launch and flow event; returns the gap the GPU leaves after it."""
+        rng, us, q, exp = self.rng, self.us, self.q, self.exp
+        name, cat = KERNELS[rng.randrange(len(KERNELS))]
+        dur = q(rng.randint(2_000, 400_000))
+        gap = q(rng.randint(500, 20_000))
+        self.ext += 1
+        ext, t, gpu_t = self.ext, self.t, self.gpu_t
+        for j in range(cpu_events):
+            self.emit(f'  {{\n    "ph": "X", "cat": "cpu_op", "name": "aten::op_{j}", "pid": 4242, "tid": 4242,\n'
+                      f'    "ts": {us(t)}, "dur": {us(self.base + q(3000))},\n    "args": {{\n      "External id": {ext}, '
+                      f'"Record function id": 0, "Ev Idx": {ext * 3 + j}, "Input Dims": [[4096, 4096], [4096]], '
+                      f'"Input type": ["c10::BFloat16", "c10::BFloat16"]\n    }}\n  }}')
+        self.emit(f'  {{\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242, "tid": 4242,\n'
+                  f'    "ts": {us(t + q(1000))}, "dur": {us(self.base + q(4000))},\n    "args": {{\n      "External id": {ext}, '
+                  f'"cbid": 211, "correlation": {ext}\n    }}\n  }}')
+        self.emit(f'  {{\n    "ph": "X", "cat": "kernel", "name": "{name}", "pid": 0, "tid": 7,\n'
+                  f'    "ts": {us(gpu_t)}, "dur": {us(self.base + dur)},\n    "args": {{\n      "External id": {ext}, '
+                  f'"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": {ext}, '
+                  f'"registers per thread": 168, "shared memory": 0, "blocks per SM": 1.0, "warps per SM": 4.0, '
+                  f'"grid": [132, 1, 1], "block": [384, 1, 1], "est. achieved occupancy %": 6\n    }}\n  }}')
+        self.emit(f'  {{"ph": "f", "id": {ext}, "pid": 0, "tid": 7, "ts": {us(gpu_t)}, "cat": "ac2g", '
+                  f'"name": "ac2g", "bp": "e"}}')
+        exp.kernels += 1
+        exp.kernel_ns += dur
+        exp.kernel_ns_by_category[cat] += dur
+        self.gpu_t += dur + gap
+        return gap
+
+    def copy(self, gap: int) -> None:
+        rng, us, q, ext = self.rng, self.us, self.q, self.ext
+        kind, src, dst = COPIES[rng.randrange(len(COPIES))]
+        nbytes, cdur = rng.randint(1, 1 << 26), q(rng.randint(1_000, 200_000))
+        self.emit(f'  {{\n    "ph": "X", "cat": "gpu_memcpy", "name": "Memcpy {kind} ({src} -> {dst})", '
+                  f'"pid": 0, "tid": 7,\n    "ts": {us(self.gpu_t)}, "dur": {us(self.base + cdur)},\n    "args": {{\n'
+                  f'      "External id": {ext}, "device": 0, "context": 1, "stream": 7, "correlation": {ext}, '
+                  f'"bytes": {nbytes}, "memory bandwidth (GB/s)": {nbytes / cdur:.6f}\n    }}\n  }}')
+        c = self.exp.copies[kind]
+        c[0] += 1; c[1] += nbytes; c[2] += cdur
+        self.gpu_t += cdur + gap
+
+    def memset(self, gap: int) -> None:
+        rng, us, q = self.rng, self.us, self.q
+        nbytes, sdur = rng.randint(4, 1 << 20), q(rng.randint(1_000, 9_000))
+        self.emit(f'  {{\n    "ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "pid": 0, "tid": 7,\n'
+                  f'    "ts": {us(self.gpu_t)}, "dur": {us(self.base + sdur)},\n    "args": {{\n      "device": 0, '
+                  f'"stream": 7, "bytes": {nbytes}\n    }}\n  }}')
+        self.exp.memsets[0] += 1; self.exp.memsets[1] += nbytes
+        self.gpu_t += sdur + gap
+
+    def memory(self) -> None:
+        """A caching-allocator event: allocated bytes move, reserved bytes follow the high-water mark."""
+        delta = self.rng.randint(-(1 << 24), 1 << 25)
+        self.allocated = max(self.allocated + delta, 0)
+        self.reserved = max(self.reserved, self.allocated + (1 << 20))
+        self.emit(f'  {{\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", '
+                  f'"pid": 4242, "tid": 4242,\n    "ts": {self.us(self.t)},\n    "args": {{\n      "Total Reserved": '
+                  f'{self.reserved}, "Total Allocated": {self.allocated}, "Bytes": {delta}, "Addr": 140098913959936, '
+                  f'"Device Id": 0, "Device Type": 1, "Ev Idx": {self.ext}\n    }}\n  }}')
+        self.exp.peak = (max(self.exp.peak[0], self.allocated), max(self.exp.peak[1], self.reserved))
+
+
 def write_kineto(path: str | Path, *, steps: int = 3, kernels_per_step: int = 40, first_step: int = 1,
                  new_format: bool = True, gz: bool = False, memory_events: bool = True,
                  cpu_events_per_kernel: int = 2, seed: int = 0) -> dict:
     """Write a Kineto-style trace; return the totals an importer must read back."""
-    rng = random.Random(seed)
     exp = _Expect()
     opener = gzip.open if gz else open
-    # Old traces are whole microseconds; new ones carry a nanosecond fraction.
-    quantum = 1 if new_format else 1000
-    base = BASE_NS if new_format else 0
-    t = (1_700_000_000_000_000_000 if not new_format else BASE_NS + 4_458_676_388_068_751) // 1000 * 1000
-
-    def us(ns: int) -> str:
-        rel = ns - base
-        return f"{rel // 1000}.{rel % 1000:03d}" if new_format else str(rel // 1000)
-
-    def q(ns: int) -> int:
-        return max(quantum, ns // quantum * quantum)
-
-    allocated, reserved, ext = 1 << 30, 2 << 30, 0
     with opener(path, "wt", encoding="utf-8") as f:
         f.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, "name": "NVIDIA H100 80GB HBM3", '
                 '"totalGlobalMem": 85028896768, "computeMajor": 9, "computeMinor": 0, "numSms": 132}\n  ],\n'
                 '  "traceEvents": [\n')
-        first = True
-
-        def emit(text: str) -> None:
-            nonlocal first
-            f.write(text if first else ",\n" + text)
-            first = False
-
+        stream = _KinetoStream(f, random.Random(seed), exp, new_format, memory_events)
         for step in range(first_step, first_step + steps):
-            step_start = t
-            gpu_t = t + q(50_000)
-            for _ in range(kernels_per_step):
-                name, cat = KERNELS[rng.randrange(len(KERNELS))]
-                dur = q(rng.randint(2_000, 400_000))
-                gap = q(rng.randint(500, 20_000))
-                ext += 1
-                for j in range(cpu_events_per_kernel):
-                    emit(f'  {{\n    "ph": "X", "cat": "cpu_op", "name": "aten::op_{j}", "pid": 4242, "tid": 4242,\n'
-                         f'    "ts": {us(t)}, "dur": {us(base + q(3000))},\n    "args": {{\n      "External id": {ext}, '
-                         f'"Record function id": 0, "Ev Idx": {ext * 3 + j}, "Input Dims": [[4096, 4096], [4096]], '
-                         f'"Input type": ["c10::BFloat16", "c10::BFloat16"]\n    }}\n  }}')
-                emit(f'  {{\n    "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242, "tid": 4242,\n'
-                     f'    "ts": {us(t + q(1000))}, "dur": {us(base + q(4000))},\n    "args": {{\n      "External id": {ext}, '
-                     f'"cbid": 211, "correlation": {ext}\n    }}\n  }}')
-                emit(f'  {{\n    "ph": "X", "cat": "kernel", "name": "{name}", "pid": 0, "tid": 7,\n'
-                     f'    "ts": {us(gpu_t)}, "dur": {us(base + dur)},\n    "args": {{\n      "External id": {ext}, '
-                     f'"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": {ext}, '
-                     f'"registers per thread": 168, "shared memory": 0, "blocks per SM": 1.0, "warps per SM": 4.0, '
-                     f'"grid": [132, 1, 1], "block": [384, 1, 1], "est. achieved occupancy %": 6\n    }}\n  }}')
-                emit(f'  {{"ph": "f", "id": {ext}, "pid": 0, "tid": 7, "ts": {us(gpu_t)}, "cat": "ac2g", '
-                     f'"name": "ac2g", "bp": "e"}}')
-                exp.kernels += 1
-                exp.kernel_ns += dur
-                exp.kernel_ns_by_category[cat] += dur
-                gpu_t += dur + gap
-                t += q(6_000)
-                if rng.random() < 0.05:
-                    kind, src, dst = COPIES[rng.randrange(len(COPIES))]
-                    nbytes, cdur = rng.randint(1, 1 << 26), q(rng.randint(1_000, 200_000))
-                    emit(f'  {{\n    "ph": "X", "cat": "gpu_memcpy", "name": "Memcpy {kind} ({src} -> {dst})", '
-                         f'"pid": 0, "tid": 7,\n    "ts": {us(gpu_t)}, "dur": {us(base + cdur)},\n    "args": {{\n'
-                         f'      "External id": {ext}, "device": 0, "context": 1, "stream": 7, "correlation": {ext}, '
-                         f'"bytes": {nbytes}, "memory bandwidth (GB/s)": {nbytes / cdur:.6f}\n    }}\n  }}')
-                    c = exp.copies[kind]
-                    c[0] += 1; c[1] += nbytes; c[2] += cdur
-                    gpu_t += cdur + gap
-                if rng.random() < 0.03:
-                    nbytes, sdur = rng.randint(4, 1 << 20), q(rng.randint(1_000, 9_000))
-                    emit(f'  {{\n    "ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "pid": 0, "tid": 7,\n'
-                         f'    "ts": {us(gpu_t)}, "dur": {us(base + sdur)},\n    "args": {{\n      "device": 0, '
-                         f'"stream": 7, "bytes": {nbytes}\n    }}\n  }}')
-                    exp.memsets[0] += 1; exp.memsets[1] += nbytes
-                    gpu_t += sdur + gap
-                if memory_events and rng.random() < 0.2:
-                    delta = rng.randint(-(1 << 24), 1 << 25)
-                    allocated = max(allocated + delta, 0)
-                    reserved = max(reserved, allocated + (1 << 20))
-                    emit(f'  {{\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", '
-                         f'"pid": 4242, "tid": 4242,\n    "ts": {us(t)},\n    "args": {{\n      "Total Reserved": '
-                         f'{reserved}, "Total Allocated": {allocated}, "Bytes": {delta}, "Addr": 140098913959936, '
-                         f'"Device Id": 0, "Device Type": 1, "Ev Idx": {ext}\n    }}\n  }}')
-                    exp.peak = (max(exp.peak[0], allocated), max(exp.peak[1], reserved))
-            t = max(t, gpu_t) + q(20_000)
-            exp.steps[step] = t - step_start
-            emit(f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": 4242, '
-                 f'"tid": 4242,\n    "ts": {us(step_start)}, "dur": {us(base + t - step_start)},\n    "args": {{\n'
-                 f'      "External id": {step}, "Ev Idx": 0\n    }}\n  }}')
-            t += q(40_000)
+            stream.step(step, kernels_per_step, cpu_events_per_kernel)
         f.write('\n  ],\n  "traceName": "synthetic.json"')
         if new_format:
             f.write(f',\n  "displayTimeUnit": "ms",\n  "baseTimeNanoseconds": {BASE_NS}')
@@ -171,15 +201,30 @@ _KERNEL_COLS = {
 def write_nsys_sqlite(path: str | Path, *, schema: str = "2024", steps: int = 3, kernels_per_step: int = 30,
                       devices: int = 2, um: bool = True, seed: int = 0) -> dict:
     """Build an nsys-export-like SQLite file of one schema generation ("2020", "2022", "2024")."""
-    rng = random.Random(seed)
     path = Path(path)
     path.unlink(missing_ok=True)
     db = sqlite3.connect(path)
-    strings: dict[str, int] = {}
+    _create_nsys_tables(db, schema, devices)
+    rows = _NsysRows(random.Random(seed), schema, devices, um)
+    if schema != "2020":
+        rows.nvtx.append((100, None, 75, None, "Training", 1, None, 7))       # domain create
+        rows.nvtx.append((200, None, 34, None, "a mark", 1, None, 0))         # mark: not a range
+    for step in range(1, steps + 1):
+        rows.step(step, kernels_per_step)
+    rows.insert(db)
+    faults = _um_faults(db) if schema != "2020" and um else {"cpu": 0, "gpu": 0}
+    db.execute("CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)")
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in rows.strings.items()])
+    db.commit()
+    db.close()
+    out = rows.exp.as_dict()
+    out["busy_intervals"] = {d: v for d, v in rows.busy.items()}
+    out["um_faults"] = faults
+    return out
 
-    def sid(text: str) -> int:
-        return strings.setdefault(text, len(strings) + 1)
 
+def _create_nsys_tables(db: sqlite3.Connection, schema: str, devices: int) -> None:
+    """The tables of one schema generation, with its metadata, enum tables and GPU rows."""
     db.execute(f"CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL ({_KERNEL_COLS[schema]})")
     db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER NOT NULL, end INTEGER NOT NULL, "
                "deviceId INTEGER NOT NULL, contextId INTEGER, streamId INTEGER NOT NULL, bytes INTEGER NOT NULL, "
@@ -220,90 +265,107 @@ def write_nsys_sqlite(path: str | Path, *, schema: str = "2024", steps: int = 3,
         db.execute(f"INSERT INTO TARGET_INFO_GPU VALUES (0, ?, 'NVIDIA H100 80GB HBM3', 85028896768, 132"
                    f"{', ?, ?' if extra else ''})", (d, *extra))
 
-    exp = _Expect()
-    busy = defaultdict(list)
-    um_ns = defaultdict(int)
-    copy_kinds = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM_HtoD", 12: "UM_DtoH"}
-    kernel_rows, copy_rows, memset_rows, nvtx_rows = [], [], [], []
-    t = 1_000_000
-    if schema != "2020":
-        nvtx_rows.append((100, None, 75, None, "Training", 1, None, 7))       # domain create
-        nvtx_rows.append((200, None, 34, None, "a mark", 1, None, 0))         # mark: not a range
-    for step in range(1, steps + 1):
-        step_start = t
-        gpu_t = {d: t + 10_000 for d in range(devices)}
+
+_COPY_KINDS = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM_HtoD", 12: "UM_DtoH"}
+
+
+class _NsysRows:
+    """The activity rows of an nsys export as the steps produce them, and the totals device 0 must show."""
+
+    def __init__(self, rng: random.Random, schema: str, devices: int, um: bool):
+        self.rng, self.schema, self.devices, self.um = rng, schema, devices, um
+        self.exp = _Expect()
+        self.strings: dict[str, int] = {}
+        self.busy: dict[int, list] = defaultdict(list)
+        self.kernels, self.copies, self.memsets, self.nvtx = [], [], [], []
+        self.t = 1_000_000
+        self.gpu_t: dict[int, int] = {}
+
+    def sid(self, text: str) -> int:
+        return self.strings.setdefault(text, len(self.strings) + 1)
+
+    def step(self, step: int, kernels_per_step: int) -> None:
+        step_start, schema = self.t, self.schema
+        self.gpu_t = {d: self.t + 10_000 for d in range(self.devices)}
         for _ in range(kernels_per_step):
-            for d in range(devices):
-                name, cat = KERNELS[rng.randrange(len(KERNELS))]
-                short = name.split("(")[0].split("<")[0].replace("void ", "")
-                dur = rng.randint(1_000, 300_000)
-                s = gpu_t[d]
-                cols = [s, s + dur, d, 1]
-                if schema == "2024":
-                    cols += [None, 7, 0, 0, sid(name), sid(short), sid("_Z" + short), 0, 64, 132, 1, 1, None]
-                elif schema == "2022":
-                    cols += [7, 0, 0, sid(name), sid(short), None, 64]
-                else:
-                    cols += [7, 0, sid(name), sid(short)]
-                kernel_rows.append(cols)
-                busy[d].append((s, s + dur))
-                if d == 0:
-                    exp.kernels += 1
-                    exp.kernel_ns += dur
-                    exp.kernel_ns_by_category[cat] += dur
-                gpu_t[d] = s + dur + rng.randint(100, 30_000)
-                if rng.random() < 0.1:
-                    kind = rng.choice([1, 2, 8, 10] + ([11, 12] if um else []))
-                    nbytes, cdur = rng.randint(1, 1 << 24), rng.randint(500, 90_000)
-                    src, dst = {1: (1, 2), 2: (2, 0), 11: (4, 2), 12: (2, 4)}.get(kind, (2, 2))
-                    # UM migrations overlap kernels on their own engine.
-                    cs = gpu_t[d] if kind < 11 else s
-                    row = [cs, cs + cdur, d, 1, 20, nbytes, kind, src, dst, 2 if kind >= 11 else None]
-                    copy_rows.append(row + ([None] if schema == "2022" else []))
-                    if kind < 11:
-                        gpu_t[d] = cs + cdur + 1_000
-                    if d == 0:
-                        c = exp.copies[copy_kinds[kind]]
-                        c[0] += 1; c[1] += nbytes; c[2] += cdur
-                        if kind >= 11:
-                            um_ns[step] += cdur
-                if schema != "2020" and rng.random() < 0.05:
-                    nbytes = rng.randint(4, 1 << 20)
-                    memset_rows.append((gpu_t[d], gpu_t[d] + 2_000, d, 1, 7, 0, nbytes, 2))
-                    gpu_t[d] += 3_000
-                    if d == 0:
-                        exp.memsets[0] += 1; exp.memsets[1] += nbytes
-        t = max(gpu_t.values()) + 5_000
-        exp.steps[step] = t - step_start
-        nvtx_rows.append((step_start, t, 59, None, f"ProfilerStep#{step}", 0, None, 0) if schema != "2020"
+            for d in range(self.devices):
+                s = self.kernel(d)
+                if self.rng.random() < 0.1:
+                    self.copy(d, s)
+                if schema != "2020" and self.rng.random() < 0.05:
+                    self.memset(d)
+        t = self.t = max(self.gpu_t.values()) + 5_000
+        self.exp.steps[step] = t - step_start
+        self.nvtx.append((step_start, t, 59, None, f"ProfilerStep#{step}", 0, None, 0) if schema != "2020"
                          else (step_start, t, 59, None, f"ProfilerStep#{step}", 0))
         if schema != "2020":
             # A start/end range whose text lives in StringIds, in the "Training" domain.
-            nvtx_rows.append((step_start + 1_000, t - 1_000, 60, step, None, 0, sid("forward_backward"), 7))
-        t += 20_000
-    db.executemany(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES ({','.join('?' * len(kernel_rows[0]))})",
-                   kernel_rows)
-    if copy_rows:
-        db.executemany(f"INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES ({','.join('?' * len(copy_rows[0]))})",
-                       copy_rows)
-    if memset_rows:
-        db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?,?,?,?,?,?,?,?)", memset_rows)
-    db.executemany(f"INSERT INTO NVTX_EVENTS VALUES ({','.join('?' * len(nvtx_rows[0]))})", nvtx_rows)
-    faults = {"cpu": 0, "gpu": 0}
-    if schema != "2020" and um:
-        for i in range(7):
-            db.execute("INSERT INTO CUDA_UM_CPU_PAGE_FAULT_EVENTS VALUES (?, 1, 4096, 0, 0)", (1_000_000 + i * 10,))
-            db.execute("INSERT INTO CUDA_UM_GPU_PAGE_FAULT_EVENTS VALUES (?, ?, 1, 0, 8192, 3, 1)",
-                       (1_000_000 + i * 10, 1_000_500 + i * 10))
-        faults = {"cpu": 7, "gpu": 21}
-    db.execute("CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL)")
-    db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in strings.items()])
-    db.commit()
-    db.close()
-    out = exp.as_dict()
-    out["busy_intervals"] = {d: v for d, v in busy.items()}
-    out["um_faults"] = faults
-    return out
+            self.nvtx.append((step_start + 1_000, t - 1_000, 60, step, None, 0, self.sid("forward_backward"), 7))
+        self.t += 20_000
+
+    def kernel(self, d: int) -> int:
+        """A kernel on device d; returns its start."""
+        rng, sid, exp = self.rng, self.sid, self.exp
+        name, cat = KERNELS[rng.randrange(len(KERNELS))]
+        short = name.split("(")[0].split("<")[0].replace("void ", "")
+        dur = rng.randint(1_000, 300_000)
+        s = self.gpu_t[d]
+        cols = [s, s + dur, d, 1]
+        if self.schema == "2024":
+            cols += [None, 7, 0, 0, sid(name), sid(short), sid("_Z" + short), 0, 64, 132, 1, 1, None]
+        elif self.schema == "2022":
+            cols += [7, 0, 0, sid(name), sid(short), None, 64]
+        else:
+            cols += [7, 0, sid(name), sid(short)]
+        self.kernels.append(cols)
+        self.busy[d].append((s, s + dur))
+        if d == 0:
+            exp.kernels += 1
+            exp.kernel_ns += dur
+            exp.kernel_ns_by_category[cat] += dur
+        self.gpu_t[d] = s + dur + rng.randint(100, 30_000)
+        return s
+
+    def copy(self, d: int, kernel_start: int) -> None:
+        rng = self.rng
+        kind = rng.choice([1, 2, 8, 10] + ([11, 12] if self.um else []))
+        nbytes, cdur = rng.randint(1, 1 << 24), rng.randint(500, 90_000)
+        src, dst = {1: (1, 2), 2: (2, 0), 11: (4, 2), 12: (2, 4)}.get(kind, (2, 2))
+        # UM migrations overlap kernels on their own engine.
+        cs = self.gpu_t[d] if kind < 11 else kernel_start
+        row = [cs, cs + cdur, d, 1, 20, nbytes, kind, src, dst, 2 if kind >= 11 else None]
+        self.copies.append(row + ([None] if self.schema == "2022" else []))
+        if kind < 11:
+            self.gpu_t[d] = cs + cdur + 1_000
+        if d == 0:
+            c = self.exp.copies[_COPY_KINDS[kind]]
+            c[0] += 1; c[1] += nbytes; c[2] += cdur
+
+    def memset(self, d: int) -> None:
+        nbytes = self.rng.randint(4, 1 << 20)
+        self.memsets.append((self.gpu_t[d], self.gpu_t[d] + 2_000, d, 1, 7, 0, nbytes, 2))
+        self.gpu_t[d] += 3_000
+        if d == 0:
+            self.exp.memsets[0] += 1; self.exp.memsets[1] += nbytes
+
+    def insert(self, db: sqlite3.Connection) -> None:
+        db.executemany(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES ({','.join('?' * len(self.kernels[0]))})",
+                       self.kernels)
+        if self.copies:
+            db.executemany(f"INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES ({','.join('?' * len(self.copies[0]))})",
+                           self.copies)
+        if self.memsets:
+            db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?,?,?,?,?,?,?,?)", self.memsets)
+        db.executemany(f"INSERT INTO NVTX_EVENTS VALUES ({','.join('?' * len(self.nvtx[0]))})", self.nvtx)
+
+
+def _um_faults(db: sqlite3.Connection) -> dict[str, int]:
+    """Seven CPU and seven GPU page-fault events (three faults each on the GPU side)."""
+    for i in range(7):
+        db.execute("INSERT INTO CUDA_UM_CPU_PAGE_FAULT_EVENTS VALUES (?, 1, 4096, 0, 0)", (1_000_000 + i * 10,))
+        db.execute("INSERT INTO CUDA_UM_GPU_PAGE_FAULT_EVENTS VALUES (?, ?, 1, 0, 8192, 3, 1)",
+                   (1_000_000 + i * 10, 1_000_500 + i * 10))
+    return {"cpu": 7, "gpu": 21}
 
 
 # -- the large-trace benchmark ------------------------------------------------------------
