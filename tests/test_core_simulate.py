@@ -69,8 +69,6 @@ def test_grad_accumulation_scales_compute_not_grad_memory(cal):
 
 def test_every_template_tensor_is_freed(cal):
     """Across a whole step, what is allocated is freed again, except gradients."""
-    from ghsim.cost.compute import CostModel
-
     for rc in Recompute:
         for prec in (Precision.BF16, Precision.FP32, Precision.FP8):
             plan = Plan(seq=512, recompute=rc, precision=prec)

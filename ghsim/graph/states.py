@@ -10,7 +10,7 @@ the account says
   memory replay starts from it; gradients, gathered parameters and activations
   come and go with the op graph),
 - `host`: what its offload keeps in host memory all step (every GPU of a node
-  holds its own: `host_per_node`),
+  holds its own: `node_gpus`),
 and `kept_states` the model state it keeps on the GPU, as the ZeRO paper counts
 it (the report's "model_state_bytes").
 
@@ -24,11 +24,9 @@ from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup, resolve
-from ghsim.graph.step import param_counts
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
-from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan, Precision
+from ghsim.plan import Framework, Plan
 
 ADAMW_MOMENTS = 8.0  # exp_avg and exp_avg_sq, fp32
 
@@ -73,9 +71,6 @@ class RankStates:
 
     hbm: dict[str, float]  # on HBM from the start of the step
     host: dict[str, float]  # in host memory all step, for this GPU's offloaded share
-    def host_per_node(self, node_gpus: int) -> float:
-        return sum(self.host.values()) * node_gpus
-
 
 def node_gpus(plan: Plan, hw: Hardware) -> int:
     """GPUs of the plan on one node: each holds its own offloaded state in the node's host memory."""
@@ -123,11 +118,6 @@ def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> d
 
 
 # --- offload: what stays on the GPU, what the host holds ------------------------------------
-def layer_param_share(model: ModelSpec) -> float:
-    """Share of all parameters inside decoder layers (the rest: embedding, LM head, final norm)."""
-    return model.num_layers * model.layer_params / model.total_params
-
-
 def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
                     grads_are_shards: bool = True, setup: OffloadSetup | None = None) -> dict[str, float]:
     """The model state a GPU keeps under the plan's offload, from what it keeps without it.
@@ -220,21 +210,3 @@ def kept_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup | N
     zero = plan.zero if dp > 1 else 0
     return resident_states(model_states(stage.params, stage.trainable, plan.with_(offload=frozenset()), dp), plan,
                            stage.layer_share, grads_are_shards=zero >= 2, setup=setup)
-
-
-def single_gpu_states(model: ModelSpec, plan: Plan) -> RankStates:
-    """What the one-GPU step (graph/step.build_step) starts from: parameters (fp32 LoRA adapters
-    beside 16-bit frozen weights), the optimizer's moments and masters as one fragment, the
-    GPU's share of them under offload, and the non-layer parameters when parameters are offloaded."""
-    counts = param_counts(model, plan)
-    dt = Dtypes.of(plan)
-    hbm = {"params": counts.total * dt.param + (counts.trainable * 4 if plan.lora_rank else 0.0)}
-    # AdamW's two fp32 moments, plus fp32 master weights where the working weights are 16-bit
-    # (fsdp-mixed, deepspeed, megatron); resident_states keeps the GPU's share under offload
-    masters = 4 if dt.param < 4 and not plan.lora_rank else 0
-    hbm["optimizer_states"] = counts.trainable * (ADAMW_MOMENTS + masters)
-    if plan.precision == Precision.FP8:
-        hbm["fp8_scales"] = 0.0
-    hbm = resident_states(hbm, plan, layer_param_share(model))
-    host = host_static_bytes(plan, counts.trainable, counts.total)
-    return RankStates(hbm, host)

@@ -24,14 +24,6 @@ COPY_KINDS = DIRECTIONS + ("HtoH",) + UM_DIRECTIONS + ("other",)
 # Host-side memory kind of a copy, when the trace says.
 HOST_MEMORY_KINDS = ("pinned", "pageable", "managed", "device", "unknown")
 
-KERNEL_COLUMNS = ("name", "start_ns", "dur_ns", "device", "stream", "count")
-MEMCPY_COLUMNS = ("kind", "bytes", "start_ns", "dur_ns", "device", "stream", "memory", "count")
-MEMSET_COLUMNS = ("bytes", "start_ns", "dur_ns", "device", "stream", "count")
-UM_FAULT_COLUMNS = ("side", "start_ns", "dur_ns", "device", "faults")
-NVTX_COLUMNS = ("name", "start_ns", "end_ns", "domain", "on_gpu")
-STEP_COLUMNS = ("step", "start_ns", "end_ns")
-MEMORY_COLUMNS = ("ts_ns", "device", "allocated", "reserved")
-
 
 @dataclass(frozen=True)
 class GpuInfo:
