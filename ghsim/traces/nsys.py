@@ -146,20 +146,21 @@ def _read_kernels(db: _Db, table: str) -> pd.DataFrame:
     return df
 
 
-def _copy_kind_map(db: _Db) -> dict[int, str]:
-    mapping = dict(DEFAULT_COPY_KINDS)
-    for i, symbol in db.enum("ENUM_CUDA_MEMCPY_OPER").items():
-        suffix = symbol.removeprefix("CUDA_MEMCPY_KIND_")
-        mapping[i] = _COPY_SYMBOLS.get(suffix, "other")
+def _enum_map(db: _Db, table: str, prefix: str, symbols: dict[str, str], defaults: dict[int, str],
+              unknown: str) -> dict[int, str]:
+    """Enum codes to ghsim's names: the export's own enum table where it has one, else the defaults."""
+    mapping = dict(defaults)
+    for i, symbol in db.enum(table).items():
+        mapping[i] = symbols.get(symbol.removeprefix(prefix), unknown)
     return mapping
+
+
+def _copy_kind_map(db: _Db) -> dict[int, str]:
+    return _enum_map(db, "ENUM_CUDA_MEMCPY_OPER", "CUDA_MEMCPY_KIND_", _COPY_SYMBOLS, DEFAULT_COPY_KINDS, "other")
 
 
 def _mem_kind_map(db: _Db) -> dict[int, str]:
-    mapping = dict(DEFAULT_MEM_KINDS)
-    for i, symbol in db.enum("ENUM_CUDA_MEM_KIND").items():
-        suffix = symbol.removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
-        mapping[i] = _MEM_SYMBOLS.get(suffix, "unknown")
-    return mapping
+    return _enum_map(db, "ENUM_CUDA_MEM_KIND", "CUDA_MEMOPR_MEMORY_KIND_", _MEM_SYMBOLS, DEFAULT_MEM_KINDS, "unknown")
 
 
 def _read_memcpys(db: _Db) -> pd.DataFrame:
