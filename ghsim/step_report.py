@@ -14,7 +14,8 @@ from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.parallel import Layout
 from ghsim.sim.pipeline import PipelineRun
-from ghsim.graph.unified_memory import UnifiedMemoryUse, resident_peak
+from ghsim.graph.unified_memory import UnifiedMemoryUse
+from ghsim.sim.unified_memory import resident_peak
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, traffic_section, unified_memory_section
 from ghsim.model import ModelSpec

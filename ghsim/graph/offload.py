@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
 
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
@@ -242,25 +241,25 @@ class Rewriter:
 
 
 # --- op constructors -------------------------------------------------------------------
-def _copy(name: str, direction: str, nbytes: float, phase: str, setup: OffloadSetup, resource: str,
+def copy_op(name: str, direction: str, nbytes: float, phase: str, setup: OffloadSetup, resource: str,
           transfers: int = 1, duplex: bool = False) -> Op:
     return Op(name=name, category=K.COPY, kind=direction, resource=resource, bytes=nbytes, phase=phase,
               kernels=transfers, pinned=setup.pinned, variant="duplex" if duplex else "")
 
 
-def _gpu_cast(name: str, params: float, phase: str, stream: str = "gpu") -> Op:
+def gpu_cast(name: str, params: float, phase: str, stream: str = "gpu") -> Op:
     """bf16 <-> fp32 on the GPU: read one width, write the other (6 bytes per element).
     `stream`: where it is queued (the stream of the collective it follows or feeds, if any)."""
     return Op(name=name, category="elementwise", kind=K.MEMBOUND, resource=stream, variant="cast_fp32_to_bf16",
               bytes=6 * params, phase=phase, hbm_transient=4 * params)
 
 
-def _cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool) -> Op:
+def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool) -> Op:
     return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource="cpu", bytes=nbytes, phase=phase, kernels=0,
               host_waits=host_waits)
 
 
-def _cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
+def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
     return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=params, phase="opt",
               variant=setup.cpu_impl, kernels=0, host_waits=host_waits)
 
@@ -315,17 +314,11 @@ class RankHooks:
     loss: bool  # the graph holds the final norm, LM head and loss
 
 
-def apply_offload(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
-                  price: Callable[[Op], float]) -> OpGraph:
-    """The step with the plan's offload schedule woven in (the graph has no optimizer ops yet)."""
-    return apply_offload_mapped(graph, model, plan, facts, price)[0]
-
-
-def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts,
-                         price: Callable[[Op], float], hooks: RankHooks | None = None
-                         ) -> tuple[OpGraph, list[int]]:
-    """apply_offload, and where each op of `graph` moved to (for callers that hold op indices,
-    such as a multi-GPU micro-batch's end of forward). Works on any graph whose ops carry
+def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: StepFacts, widths: Widths,
+                         hooks: RankHooks | None = None) -> tuple[OpGraph, list[int]]:
+    """The graph with the plan's offload schedule woven in, and where each op of `graph` moved to
+    (for callers that hold op indices, such as a micro-batch's end of forward). `widths`: what
+    crosses the link and where the casts run (cost/offload_policy.py). Works on any graph whose ops carry
     phases (fwd, bwd, recompute) and layer numbers; collectives on other streams stay put.
     Without `hooks` the graph is a whole step on one GPU: gradients leave after the
     backward run that makes them, and the optimizer follows the last micro-batch."""
@@ -334,13 +327,9 @@ def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: St
     runs = find_runs(graph)
     sched = setup.schedule
     overlapped = sched != OffloadSchedule.SYNC
-    priced: dict[int, Op] = {}
 
     def new(op: Op, deps=(), layer: int = -1, mb: int = 0) -> New:
-        """An insertion of `op` (priced once, however many times it is inserted)."""
-        if id(op) not in priced:
-            op.duration = price(op)
-            priced[id(op)] = op
+        """An insertion of `op` (the same op object however many times it is inserted)."""
         return New(op, list(deps), layer, mb)
 
     by_mb: dict[int, dict[str, list[Run]]] = defaultdict(lambda: {FWD: [], BWD: []})
@@ -365,7 +354,7 @@ def apply_offload_mapped(graph: OpGraph, model: ModelSpec, plan: Plan, facts: St
         _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, hooks.gathers if hooks else {})
     if setup.optimizer:
         sources = list(hooks.grad_sources) if hooks else _run_sources(graph, by_mb, grad_width)
-        _optimizer(rw, sources, graph, plan, facts, setup, new, grad_width, duplex_bwd, price,
+        _optimizer(rw, sources, plan, facts, setup, new, grad_width, duplex_bwd, widths,
                    hooks.steps if hooks else True)
     out = rw.build()
     return out, rw.mapping
@@ -376,12 +365,10 @@ def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd) -> 
     saved = facts.saved_per_layer
     if saved <= 0:
         return
-    d2h = _copy("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd)
-    d2h.host_alloc, d2h.mem_tag = saved, "offloaded_activations"
-    d2h.change_hbm("activations", -saved)
-    h2d = _copy("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd)
-    h2d.host_free, h2d.mem_tag = saved, "offloaded_activations"
-    h2d.change_hbm("activations", saved)
+    d2h = replace(copy_op("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd),
+                  host_alloc=saved, mem_tag="offloaded_activations").with_hbm("activations", -saved)
+    h2d = replace(copy_op("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd),
+                  host_free=saved, mem_tag="offloaded_activations").with_hbm("activations", saved)
     for mb, dirs in by_mb.items():
         sent = {}
         for run in dirs[FWD]:
@@ -411,10 +398,10 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
     for mb, dirs in by_mb.items():
         for direction, duplex in ((FWD, duplex_fwd), (BWD, duplex_bwd)):
             seq = dirs[direction]
-            fetch_op = _copy(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, "h2d", duplex=duplex)
-            fetch_op.change_hbm("param_buffers", buffer)
-            release = _marker(f"params.release.{direction}", direction).change_hbm("param_buffers", -buffer)
-            casts = {s: _gpu_cast(f"params.cast.{direction}", P, direction, s) for s in ("gpu", "dp")} if fsdp else {}
+            fetch_op = copy_op(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, "h2d",
+                             duplex=duplex).with_hbm("param_buffers", buffer)
+            release = _marker(f"params.release.{direction}", direction).with_hbm("param_buffers", -buffer)
+            casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in ("gpu", "dp")} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
             for n, (k, run) in enumerate(layer_runs):
                 gather = gathers.get((direction, run.layer))
@@ -429,11 +416,11 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
                 rw.insert_after(run.last, new(release, [], run.layer, mb))
 
 
-def _bucket_count(nbytes: float, setup: OffloadSetup, price_latency_rate: tuple[float, float]) -> int:
-    """Copies a run's gradients take: DeepSpeed's fixed buckets, or buckets sized to the link."""
+def _bucket_count(nbytes: float, setup: OffloadSetup, link_bucket: float) -> int:
+    """Copies a run's gradients take: DeepSpeed's fixed buckets, or buckets sized to the link
+    (`link_bucket` bytes: SuperOffload's, from Widths)."""
     if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
-        latency, rate = price_latency_rate
-        bucket = max(latency * rate * (1 - BUCKET_LATENCY_SHARE) / BUCKET_LATENCY_SHARE, 1.0)
+        bucket = link_bucket
     elif setup.schedule == OffloadSchedule.OVERLAPPED:
         bucket = DEEPSPEED_BUCKET_ELEMENTS * 2
     else:
@@ -456,7 +443,7 @@ def _run_sources(graph: OpGraph, by_mb, grad_width: float) -> list[GradSource]:
     return out
 
 
-def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, grad_width, duplex_bwd, price,
+def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_width, duplex_bwd, widths: Widths,
                steps: bool) -> None:
     """Gradients to the host, the CPU's share of AdamW, updated parameters back; the GPU's share.
     `steps`: the optimizer follows (else only the gradients leave, to be accumulated on the host)."""
@@ -480,10 +467,6 @@ def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, gr
             _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready)
         return
     superoffload = sched == OffloadSchedule.SUPEROFFLOAD
-    # SuperOffload places its casts against the backward's GPU time per parameter (_transfer_widths)
-    bwd_gpu = sum(op.duration for i, op in enumerate(graph.ops) if graph.microbatch[i] == 0
-                  and op.resource == "gpu" and op.phase in ("bwd", "recompute")) if superoffload else 0.0
-    widths = _transfer_widths(setup, grad_width, facts, price, bwd_gpu / max(P, 1.0))
     main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
     arrivals: list[tuple[New, float, GradSource]] = []  # each piece's last op on its way to the host
     for src in sources:
@@ -493,18 +476,18 @@ def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, gr
         at, mb, layer = src.after, src.mb, src.layer
         deps: list = [at]
         if widths.grad_gpu_cast:
-            deps = [rw.insert_after(at, new(_gpu_cast("grads.cast_fp32", params, "bwd", src.stream), deps, layer, mb))]
+            deps = [rw.insert_after(at, new(gpu_cast("grads.cast_fp32", params, "bwd", src.stream), deps, layer, mb))]
         nbytes = params * widths.grad
-        d2h = _copy("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
-                    _bucket_count(nbytes, setup, widths.latency_rate_d2h), duplex_bwd)
+        d2h = copy_op("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
+                    _bucket_count(nbytes, setup, widths.bucket_d2h), duplex_bwd)
         if src.held > 0:  # the GPU gradient is freed once it has left
-            d2h.change_hbm("grads", -src.held)
+            d2h = d2h.with_hbm("grads", -src.held)
         last = rw.insert_after(at, new(d2h, deps, layer, mb))
         if widths.grad_cpu_cast:
-            last = rw.insert_after(at, new(_cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
+            last = rw.insert_after(at, new(cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
                                            [last], layer, mb))
         if src.accumulate:  # accumulate into the fp32 host gradient: read both, write one
-            last = rw.insert_after(at, new(_cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
+            last = rw.insert_after(at, new(cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
                                            [last], layer, mb))
         if mb == last_mb:
             arrivals.append((last, params, src))
@@ -520,18 +503,18 @@ def _optimizer(rw, sources: list[GradSource], graph, plan, facts, setup, new, gr
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        chain = [new(_cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
+        chain = [new(cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
-            chain.append(new(_cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
+            chain.append(new(cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
                              src.layer, last_mb))
         prev = chain[-1]
         if returns:
             nbytes = params * widths.param
-            chain.append(new(_copy("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
-                                   _bucket_count(nbytes, setup, widths.latency_rate_h2d),
+            chain.append(new(copy_op("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
+                                   _bucket_count(nbytes, setup, widths.bucket_h2d),
                                    superoffload and duplex_bwd), [prev], src.layer, last_mb))
             if widths.param_gpu_cast:
-                chain.append(new(_gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
+                chain.append(new(gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
         if superoffload:
             # speculative: the CPU steps right behind each bucket, during backward; the copies
             # back are queued after backward's own host-to-device traffic
@@ -563,58 +546,16 @@ def _grad_bytes_per_run(graph: OpGraph, by_mb) -> dict[tuple[int, int], float]:
 
 @dataclass(frozen=True)
 class Widths:
+    """What crosses the host link and where the casts run (cost/offload_policy.py decides)."""
+
     grad: int  # bytes per parameter of a gradient on the link
     param: int  # bytes per parameter of an updated parameter on the link
     grad_gpu_cast: bool
     grad_cpu_cast: bool
     param_cpu_cast: bool
     param_gpu_cast: bool
-    latency_rate_d2h: tuple[float, float]
-    latency_rate_h2d: tuple[float, float]
-
-
-def _transfer_widths(setup: OffloadSetup, grad_width: float, facts: StepFacts, price,
-                     gpu_seconds_per_param: float) -> Widths:
-    """What crosses the link and where the casts run.
-
-    Gradients leave in the GPU's width; a 2-byte gradient is widened to fp32 for
-    the optimizer, and updated fp32 parameters are narrowed to the GPU's 2-byte
-    working width. ZeRO-Offload casts on the CPU (low-precision transfers).
-    SuperOffload places each cast where it is cheapest: per parameter, the
-    GPU (backward plus any GPU casts), the CPU (Adam plus any CPU casts) and
-    each link direction form a pipeline, and the placement with the shortest
-    slowest stage wins (on C2C: cast on the GPU and move fp32; on PCIe: move
-    bf16 and cast on the CPU).
-    """
-    gw = 2 if grad_width < 3 else 4
-    pw = facts.gpu_param_width
-    probe = 1e9  # parameters: per-parameter costs at a size where latency does not matter
-    d2h = {w: price(_copy("probe", K.D2H, probe * w, "bwd", setup, "d2h")) / probe for w in (2, 4)}
-    h2d = {w: price(_copy("probe", K.H2D, probe * w, "opt", setup, "h2d")) / probe for w in (2, 4)}
-    gpu_cast = price(_gpu_cast("probe", probe, "bwd")) / probe
-    cpu_cast = price(_cpu_bytes("probe", probe * 6, "bwd", False)) / probe
-    adam = price(_cpu_adam("probe", probe, setup, False)) / probe
-    lat_d2h = (price(_copy("probe", K.D2H, 1.0, "bwd", setup, "d2h")), 4 / max(d2h[4], 1e-30))
-    lat_h2d = (price(_copy("probe", K.H2D, 1.0, "opt", setup, "h2d")), 4 / max(h2d[4], 1e-30))
-    if setup.fsdp_like:  # FSDP casts the reduced gradient to the fp32 parameter dtype before offloading
-        return Widths(4, 4, gw == 2, False, False, False, lat_d2h, lat_h2d)
-    fetched = setup.params  # ZeRO-Infinity: no copy back; the CPU writes the bf16 host copy instead
-    g_gpu = p_gpu = False  # ZeRO-Offload: casts on the CPU
-    if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
-        options = []
-        for g in ((False, True) if gw == 2 else (False,)):
-            for p in ((False, True) if pw == 2 and not fetched else (False,)):
-                gpu = gpu_seconds_per_param + gpu_cast * (g + p)
-                cpu = adam + cpu_cast * ((gw == 2 and not g) + ((pw == 2 or fetched) and not p))
-                down = d2h[4 if (g or gw == 4) else 2]
-                up = 0.0 if fetched else h2d[4 if (p or pw == 4) else 2]
-                options.append((max(gpu, cpu, down, up), g, p))
-        _, g_gpu, p_gpu = min(options, key=lambda o: o[0])
-    grad_cpu_cast = gw == 2 and not g_gpu
-    param_cpu_cast = (pw == 2 or fetched) and not p_gpu
-    g_link = 4 if (g_gpu or gw == 4) else 2
-    p_link = 2 if fetched else (4 if (p_gpu or pw == 4) else 2)
-    return Widths(g_link, p_link, g_gpu, grad_cpu_cast, param_cpu_cast, p_gpu, lat_d2h, lat_h2d)
+    bucket_d2h: float  # bytes per copy of SuperOffload's link-sized buckets, each direction
+    bucket_h2d: float
 
 
 def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready: list[int]) -> None:
@@ -627,15 +568,15 @@ def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, p
     if cpu_params <= 0:
         return
     tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
-    d2h = rw.append(new(_copy("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors), ready))
-    d2h.op.host_waits = True
-    adam = rw.append(new(_cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
+    d2h = rw.append(new(replace(copy_op("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors),
+                                host_waits=True), ready))
+    adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
     width = facts.gpu_param_width
     last = adam
     if width == 2:
-        last = rw.append(new(_cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, "opt", True), [adam]))
-    h2d = rw.append(new(_copy("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors), [last]))
-    h2d.op.host_waits = True
+        last = rw.append(new(cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, "opt", True), [adam]))
+    rw.append(new(replace(copy_op("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors),
+                          host_waits=True), [last]))
 
 
 # --- torch.autograd.graph.save_on_cpu (the sync schedule's activation offload) -------------------
@@ -690,9 +631,7 @@ def sync_activation_offload(fwd: list[Op], bwd: list[Op], model: ModelSpec, plan
              phase="fwd", host_waits=True, host_alloc=nbytes, mem_tag="offloaded_activations")
     h2d = Op(name="activations.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=nbytes, kernels=copies,
              phase="bwd", host_free=nbytes, mem_tag="offloaded_activations")
-    d2h.change_hbm("activations", -saved)
-    h2d.change_hbm("activations", saved)
-    return fwd + [d2h], [h2d] + bwd
+    return [*fwd, d2h.with_hbm("activations", -saved)], [h2d.with_hbm("activations", saved), *bwd]
 
 
 def _sync_loss_offload(rw: Rewriter, by_mb, model: ModelSpec, plan: Plan, new) -> None:
