@@ -28,6 +28,7 @@ per node: every GPU of the node holds its own offloaded states.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -170,9 +171,13 @@ def _offload_widths(model: ModelSpec, plan: Plan, rank: PlanBuild, chunk: Chunk)
 def _backward_gpu_seconds(rank: PlanBuild, chunk: Chunk) -> float:
     """Seconds of the chunk's backward on the compute stream, summed op by op in issue order."""
     t = rank.templates
-    ops = [*(t.loss_bwd if chunk.last else ()), *(t.bwd * chunk.layers), *(t.emb_bwd if chunk.first else ())]
     gpu, backward = K.Resource.GPU, (K.Phase.BWD, K.Phase.RECOMPUTE)
-    return sum(rank.prices(op) for op in ops if op.resource == gpu and op.phase in backward)
+
+    def seconds(ops) -> list[float]:
+        return [rank.prices(op) for op in ops if op.resource == gpu and op.phase in backward]
+
+    loss, emb = seconds(t.loss_bwd if chunk.last else ()), seconds(t.emb_bwd if chunk.first else ())
+    return sum(chain(loss, seconds(t.bwd) * chunk.layers, emb))
 
 
 def chunk_run(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool],

@@ -371,17 +371,21 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     gathers: dict[int, int] = {}
     gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
 
+    # every layer's gather and release are alike: built once per phase (a gather's deps differ)
+    gather_ops = {phase: _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, phase).with_hbm(
+        "gathered_params", cp.layer_bytes) for phase in ("fwd", "bwd")} if zero == 3 else {}
+    release_ops = {phase: _marker("zero3.release", phase).evolve(
+        [("gathered_params", -cp.layer_bytes)] + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == "fwd"
+                                                  else [])) for phase in ("fwd", "bwd")} if zero == 3 else {}
+
     def zero3_gather(layer: int, after: int | None, phase: str) -> None:
-        op = _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, phase,
-                   deps=(after,) if after is not None and after >= 0 else ()).with_hbm("gathered_params",
-                                                                                     cp.layer_bytes)
+        op = gather_ops[phase]
+        if after is not None and after >= 0:
+            op = op.evolve(deps=(after,))
         gathers[layer] = gathered[(phase, layer)] = rg.g.add(op)
 
     def zero3_release(phase: str) -> None:
-        op = _marker("zero3.release", phase).with_hbm("gathered_params", -cp.layer_bytes)
-        if zero3_cache and phase == "fwd":
-            op = op.with_hbm("weight_copies", -zero3_cache)
-        rg.g.add(op)
+        rg.g.add(release_ops[phase])
 
     layer_ends: list[int] = []
     for layer in range(L):
