@@ -28,18 +28,22 @@ per node: every GPU of the node holds its own offloaded states.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from itertools import chain
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
 from ghsim.breakdown import OpColumns, Segment, window
 from ghsim.cost.calibration import Calibration
-from ghsim.cost.compute import CostModel, LaunchCosts
+from ghsim.cost.compute import CostModel
 from ghsim.cost.hostlink import HostSide
-from ghsim.cost.links import NCCL_CTAS, Fabric, collective_time
+from ghsim.cost.links import NCCL_CTAS, Fabric
+from ghsim.cost.offload_policy import transfer_widths
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
-from ghsim.graph.offload import check_offload
+from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.offload import Widths, check_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.parallel import (
@@ -47,20 +51,24 @@ from ghsim.graph.parallel import (
     Layout,
     MicrobatchGraph,
     build_microbatch,
+    chunk_params,
+    rank_templates,
     stage_params,
 )
 from ghsim.graph.states import check_host_capacity, kept_states, rank_states
 from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
 from ghsim.graph.step import loader_seconds
-from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory, unified_memory_use
+from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.host_summary import per_node
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan
+from ghsim.plan import OffloadSchedule, Plan
+from ghsim.plan_build import GraphKey, PlanBuild, PriceBook, RankPricing
 from ghsim.report import StepReport, Timeline, fit_problems
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 from ghsim.sim.pipeline import schedule_pipeline
+from ghsim.sim.unified_memory import unified_memory_use
 from ghsim.step_report import SteppedPlan, assemble
 
 COMM_STREAMS = ("tp", "dp", "ep")
@@ -85,12 +93,14 @@ def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
     )
 
 
-def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Plan) -> MicrobatchRun:
+def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Plan,
+                   price: Callable[[Op], float]) -> MicrobatchRun:
+    """The micro-batch graph at kernel level, each op priced by `price` (a rank's PriceBook)."""
     g = mb.graph
     ops = g.ops
     resources = level1_resources(hw)
     distinct = engine.distinct(ops)
-    sched, lead_gap = engine.run_ops(resources, ops, g.deps, lambda o: cost.issue_cost(o, plan.cuda_graphs),
+    sched, lead_gap = engine.run_ops(resources, ops, g.deps, price, lambda o: cost.issue_cost(o, plan.cuda_graphs),
                                      lambda o: cost.kernel_gap(o, plan.cuda_graphs), distinct)
     cols = OpColumns.of(*distinct)
     end = sched.end
@@ -126,36 +136,6 @@ def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> C
     )
 
 
-@dataclass(frozen=True)
-class RankPricing:
-    """What pricing one rank's work takes: its layout, links, host share and cost model."""
-
-    layout: Layout
-    cost: CostModel
-    fabric: Fabric
-    host_side: HostSide
-    groups: dict  # the rank's communicators by stream (Layout.groups())
-    templates: dict = field(default_factory=dict, compare=False)  # priced op templates, built once per plan
-    # what has been built for this plan: micro-batch graphs by (layers, chunk kind, final), its StepMemory
-    built: dict = field(default_factory=dict, compare=False)
-
-    @staticmethod
-    def of(hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
-           host_side: HostSide | None = None) -> "RankPricing":
-        host_side = host_side or HostSide.of(hw, plan, calibration)  # host link, CPU and memory shared per node
-        layout = Layout.of(plan, hw)
-        return RankPricing(layout, CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan)),
-                           fabric or Fabric.of(hw), host_side, layout.groups())
-
-    def comm_time(self, kind: str, nbytes: float, stream: str, calls: int) -> float:
-        return collective_time(kind, nbytes, self.groups[stream], self.fabric, calls)
-
-    def price(self, op: Op) -> float:
-        if op.kind == K.COLLECTIVE:
-            return self.comm_time(op.variant, op.bytes, op.resource, op.kernels)
-        return self.cost.duration(op)
-
-
 Runs = dict[tuple[bool, bool], tuple[MicrobatchRun, MicrobatchRun]]  # chunk kind -> (final, middle) micro-batch
 
 
@@ -165,31 +145,57 @@ def chunk_kinds(layout: Layout) -> list[tuple[bool, bool]]:
     return [(j == 0, j == J - 1) for j in range(J)]
 
 
-def chunk_graph(model: ModelSpec, plan: Plan, rank: RankPricing, layers: int, kind: tuple[bool, bool],
+def chunk_graph(model: ModelSpec, plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool],
                 final: bool) -> MicrobatchGraph:
     """One micro-batch of a kind of chunk, `layers` decoder layers long (built once per plan)."""
-    key = (layers, kind, final)
-    if key not in rank.built:
-        rank.built[key] = build_microbatch(model, plan, rank.layout, Chunk(layers, *kind), final, rank.price,
-                                            rank.comm_time, rank.templates)
-    return rank.built[key]
+    key = GraphKey(layers, kind, final)
+    if key not in rank.graphs:
+        chunk = Chunk(layers, *kind)
+        rank.graphs[key] = build_microbatch(model, plan, rank.layout, chunk, final, rank.templates,
+                                            _offload_widths(model, plan, rank, chunk))
+    return rank.graphs[key]
 
 
-def chunk_run(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int, kind: tuple[bool, bool],
+def _offload_widths(model: ModelSpec, plan: Plan, rank: PlanBuild, chunk: Chunk) -> Widths | None:
+    """What the chunk's offloaded optimizer moves over the host link (cost/offload_policy.py),
+    with SuperOffload's cast placement weighed against the chunk's backward GPU seconds."""
+    setup = resolve_offload(plan)
+    if not setup.optimizer:
+        return None
+    dt = Dtypes.of(plan)
+    trainable = chunk_params(model, plan, rank.layout, chunk).trainable
+    bwd_gpu = _backward_gpu_seconds(rank, chunk) if setup.schedule == OffloadSchedule.SUPEROFFLOAD else 0.0
+    return transfer_widths(rank.rank.cost, setup, dt.grad, dt.param, bwd_gpu / max(trainable, 1.0))
+
+
+def _backward_gpu_seconds(rank: PlanBuild, chunk: Chunk) -> float:
+    """Seconds of the chunk's backward on the compute stream, summed op by op in issue order."""
+    t = rank.templates
+    gpu, backward = K.Resource.GPU, (K.Phase.BWD, K.Phase.RECOMPUTE)
+
+    def seconds(ops) -> list[float]:
+        return [rank.prices(op) for op in ops if op.resource == gpu and op.phase in backward]
+
+    loss, emb = seconds(t.loss_bwd if chunk.last else ()), seconds(t.emb_bwd if chunk.first else ())
+    return sum(chain(loss, seconds(t.bwd) * chunk.layers, emb))
+
+
+def chunk_run(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool],
               final: bool) -> MicrobatchRun:
     """chunk_graph() at kernel level (run once per plan)."""
-    key = ("run", layers, kind, final)
-    if key not in rank.built:
-        rank.built[key] = run_microbatch(_runnable(model, hw, plan, rank, layers, kind, final), hw, rank.cost, plan)
-    return rank.built[key]
+    key = GraphKey(layers, kind, final)
+    if key not in rank.runs:
+        rank.runs[key] = run_microbatch(_runnable(model, hw, plan, rank, layers, kind, final), hw, rank.rank.cost,
+                                        plan, rank.prices)
+    return rank.runs[key]
 
 
-def _runnable(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int, kind: tuple[bool, bool],
+def _runnable(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool],
               final: bool) -> MicrobatchGraph:
     """chunk_graph() with what only its timing needs: unified memory's page migrations."""
     mb = chunk_graph(model, plan, rank, layers, kind, final)
     if plan.unified_memory:
-        mb = with_unified_memory(mb, unified_memory_of(model, hw, plan, rank), rank.price)
+        mb = with_unified_memory(mb, unified_memory_of(model, hw, plan, rank))
     return mb
 
 
@@ -199,7 +205,7 @@ def chains_microbatches(layout: Layout, plan: Plan) -> bool:
     return layout.gpus == 1 and plan.grad_accum > 1
 
 
-def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, layers: int) -> Runs:
+def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, layers: int) -> Runs:
     """Each kind of chunk, `layers` decoder layers long, at kernel level: the step's last
     micro-batch and (with gradient accumulation) one in the middle of the step; on one GPU,
     the whole step (every micro-batch in a row) as its 'last micro-batch'."""
@@ -209,7 +215,7 @@ def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, la
             middle = _runnable(model, hw, plan, rank, layers, kind, False)
             step = _chain([middle] * (plan.grad_accum - 1) + [_runnable(model, hw, plan, rank, layers, kind, True)],
                           loader_seconds(plan) if plan.batch_prep_s > 0 and plan.dataloader_workers else 0.0)
-            run = run_microbatch(step, hw, rank.cost, plan)
+            run = run_microbatch(step, hw, rank.rank.cost, plan, rank.prices)
             runs[kind] = (run, run)
             continue
         final = chunk_run(model, hw, plan, rank, layers, kind, True)
@@ -227,7 +233,7 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
         base = len(g)
         for i, op in enumerate(mb.graph.ops):
             if m and loader_s and op.phase == "data" and op.resource == "loader":
-                op = replace(op, seconds=loader_s, duration=loader_s)
+                op = replace(op, seconds=loader_s)
             g.ops.append(op)
             g.deps.append(tuple(d + base for d in mb.graph.deps[i]))
             g.layer.append(mb.graph.layer[i])
@@ -237,7 +243,7 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
                    tail_first=base + last.tail_first)
 
 
-def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing, bar: float = math.inf) -> float:
+def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, bar: float = math.inf) -> float:
     """A lower bound on the step time from the micro-batches in the middle of the step (0 without
     gradient accumulation): the pipeline schedule of the step with its last micro-batch and its
     optimizer taking no time. Schedules never end sooner when an op takes longer (every op
@@ -268,17 +274,17 @@ def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricin
     return schedule_pipeline(layout.pp, layout.interleave, M, chunks, tails).schedule.makespan
 
 
-def _send_time(model: ModelSpec, plan: Plan, rank: RankPricing) -> float:
+def _send_time(model: ModelSpec, plan: Plan, rank: PlanBuild) -> float:
     """Activations (forward) or their gradients (backward) to the next pipeline stage; with
     tp > 1 each tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)."""
     if rank.layout.pp == 1:
         return 0.0
     act = 2 if plan.precision.is_mixed else 4
     send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / rank.layout.tp
-    return rank.comm_time("send", send_bytes, "pp", 1)
+    return rank.rank.comm_time("send", send_bytes, "pp", 1)
 
 
-def pipeline_inputs(model: ModelSpec, plan: Plan, rank: RankPricing, runs: Runs
+def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
                     ) -> tuple[list[ChunkTimes], list[StageTail]]:
     """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
@@ -292,14 +298,14 @@ def pipeline_inputs(model: ModelSpec, plan: Plan, rank: RankPricing, runs: Runs
     return chunks, tails
 
 
-def check_host_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> None:
+def check_host_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> None:
     """Every GPU of a node holds its own shard of the offloaded state: refuse what the node cannot hold."""
     if not resolve_offload(plan).any:
         return
     layout = rank.layout
     need = max((rank_states(plan, layout.dp, stage_params(model, plan, layout, d)).host for d in range(layout.pp)),
                key=lambda st: sum(st.values()))
-    check_host_capacity(need, rank.host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
+    check_host_capacity(need, rank.rank.host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
 
 
 @dataclass(frozen=True)
@@ -319,18 +325,18 @@ class StepMemory:
         return replace(max((host for _, host in self.stages), key=lambda h: h.peak_bytes), curve=None)
 
 
-def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> StepMemory:
+def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> StepMemory:
     """Memory follows from the micro-batch graphs alone (no timing): the plan search asks it first."""
-    if "memory" not in rank.built:
-        rank.built["memory"] = _step_memory(model, hw, plan, rank)
-    return rank.built["memory"]
+    if rank.memory is None:
+        rank.memory = _step_memory(model, hw, plan, rank)
+    return rank.memory
 
 
-def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> StepMemory:
+def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> StepMemory:
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
     per_chunk = model.num_layers // layout.chunks
     finals = {kind: chunk_graph(model, plan, rank, per_chunk, kind, True) for kind in set(kind_of)}
-    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, rank.host_side.node_gpus)
+    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, rank.rank.host_side.node_gpus)
               for d in range(layout.pp)]
     worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
     memory = StepMemory(stages, worst, ())
@@ -339,17 +345,19 @@ def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) 
 
 
 def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration, fabric: Fabric | None = None,
-            host_side: HostSide | None = None) -> RankPricing:
-    """The plan's up-front checks (its offload choices; host memory for what it offloads) and its pricing."""
+            host_side: HostSide | None = None) -> PlanBuild:
+    """The plan's up-front checks (its offload choices; host memory for what it offloads), its
+    pricing and its op templates: a PlanBuild the plan's later questions build on."""
     check_offload(plan)
-    rank = RankPricing.of(hw, plan, calibration, fabric, host_side)
-    check_host_memory(model, hw, plan, rank)
-    return rank
+    pricing = RankPricing.of(hw, plan, calibration, fabric, host_side)
+    build = PlanBuild(pricing, rank_templates(model, plan, pricing.layout), PriceBook(pricing))
+    check_host_memory(model, hw, plan, build)
+    return build
 
 
 def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
                       keep_timeline: bool = True, fabric: Fabric | None = None,
-                      host_side: HostSide | None = None, rank: RankPricing | None = None) -> StepReport:
+                      host_side: HostSide | None = None, rank: PlanBuild | None = None) -> StepReport:
     """The step of any layout (one GPU: tp = pp = dp = 1). `fabric` and `host_side` replace the
     links and the per-GPU host share the hardware implies; `rank` (from prepare()) brings what is
     already built for this plan (step_memory)."""
@@ -366,14 +374,14 @@ def simulate_parallel(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
                              loader_s=loader_seconds(plan) if pool else 0.0)
     memory = step_memory(model, hw, plan, rank)
     states = [_stage_model_states(model, plan, layout, d) for d in range(layout.pp)]
-    return assemble(SteppedPlan(model, hw, plan, layout, rank.host_side, rank.fabric, runs, kind_of, pipe,
+    return assemble(SteppedPlan(model, hw, plan, layout, rank.rank.host_side, rank.rank.fabric, runs, kind_of, pipe,
                                 memory.stages, memory.worst, states, M, um), keep_timeline)
 
 
-def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPricing) -> UnifiedMemoryUse:
+def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> UnifiedMemoryUse:
     """What spills under --unified-memory and comes back each step (one GPU: graph/unified_memory.py),
     from the replay of the step's last micro-batch. Built once per plan."""
-    if "unified_memory" not in rank.built:
+    if rank.unified_memory is None:
         layout, kind_of = rank.layout, chunk_kinds(rank.layout)
         if layout.chunks > 1:
             raise GhsimError("--unified-memory with pipeline stages is not modeled: what spills depends on "
@@ -381,13 +389,13 @@ def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: RankPric
         per_chunk = model.num_layers // layout.chunks
         final = chunk_graph(model, plan, rank, per_chunk, kind_of[0], True)
         static = rank_states(plan, layout.dp, stage_params(model, plan, layout, 0)).hbm
-        rank.built["unified_memory"] = unified_memory_use(final.graph, static, hw, plan.grad_accum)
-    return rank.built["unified_memory"]
+        rank.unified_memory = unified_memory_use(final.graph, static, hw, plan.grad_accum)
+    return rank.unified_memory
 
 
-def with_unified_memory(mb: MicrobatchGraph, um: UnifiedMemoryUse, price) -> MicrobatchGraph:
+def with_unified_memory(mb: MicrobatchGraph, um: UnifiedMemoryUse) -> MicrobatchGraph:
     """The micro-batch with its page migrations; its marks follow the ops they name."""
-    graph, moved = apply_unified_memory(mb.graph, um, price)
+    graph, moved = apply_unified_memory(mb.graph, um)
     at = lambda i: moved[i] if i < len(moved) else len(graph)  # noqa: E731 (tail_first may be past the end)
     return replace(mb, graph=graph, fwd_last=at(mb.fwd_last), bwd_last=at(mb.bwd_last), tail_first=at(mb.tail_first))
 
@@ -432,4 +440,4 @@ def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int) ->
 
 
 def _mem_marker(tag: str, nbytes: float) -> Op:
-    return Op(name=tag, category="other", kind=K.HOST_WORK, resource="mem", kernels=0).change_hbm(tag, nbytes)
+    return Op(name=tag, category="other", kind=K.HOST_WORK, resource="mem", kernels=0).with_hbm(tag, nbytes)

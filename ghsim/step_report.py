@@ -16,7 +16,8 @@ from ghsim.graph.ops import Category, Phase, Resource
 from ghsim.graph.parallel import Layout
 from ghsim.graph.pipeline import PipelineSegment
 from ghsim.sim.pipeline import PipelineRun
-from ghsim.graph.unified_memory import UnifiedMemoryUse, resident_peak
+from ghsim.graph.unified_memory import UnifiedMemoryUse
+from ghsim.sim.unified_memory import resident_peak
 from ghsim.hardware import Hardware
 from ghsim.host_summary import HostTraffic, traffic_section, unified_memory_section
 from ghsim.model import ModelSpec

@@ -86,8 +86,7 @@ def test_tensor_parallel_layers_free_every_tensor(cal):
     for sp in (False, True):
         for rc in Recompute:
             plan = Plan(gpus=8, tp=8, seq=1024, recompute=rc, sequence_parallel=sp, framework=Framework.DEEPSPEED)
-            mb = build_microbatch(LLAMA7, plan, Layout.of(plan, H100), Chunk(2, True, True), True,
-                                  lambda op: 1e-6, lambda *a: 1e-6)
+            mb = build_microbatch(LLAMA7, plan, Layout.of(plan, H100), Chunk(2, True, True), True)
             net = {}
             for op in mb.graph.ops:
                 for tag, b in (op.hbm_by_tag or {}).items():

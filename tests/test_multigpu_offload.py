@@ -12,12 +12,13 @@ from ghsim.cli import main
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.hostlink import HostSide
 from ghsim.errors import GhsimError
-from ghsim.graph.parallel import Chunk, build_microbatch
+from ghsim.graph.parallel import rank_templates
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Plan, plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.simulate_parallel import RankPricing, run_microbatch
+from ghsim.plan_build import PlanBuild, PriceBook, RankPricing
+from ghsim.simulate_parallel import chunk_graph, run_microbatch
 
 H100 = load_hardware("h100-sxm")
 QUAD = load_hardware("gh200-96gb-quad")
@@ -35,9 +36,9 @@ def micro_batch(cal: Calibration, model: ModelSpec, hw, p: Plan, final: bool = T
                 last: bool = True):
     """The kernel-level graph of one rank's micro-batch, and its run (as simulate_parallel builds it)."""
     rank = RankPricing.of(hw, p, cal)
-    chunk = Chunk(model.num_layers // rank.layout.chunks, first, last)
-    mb = build_microbatch(model, p, rank.layout, chunk, final, rank.price, rank.comm_time)
-    return mb, run_microbatch(mb, hw, rank.cost, p)
+    build = PlanBuild(rank, rank_templates(model, p, rank.layout), PriceBook(rank))
+    mb = chunk_graph(model, p, build, model.num_layers // rank.layout.chunks, (first, last), final)
+    return mb, run_microbatch(mb, hw, rank.cost, p, build.prices)
 
 
 def named(graph, name):

@@ -274,8 +274,8 @@ def test_rewrite_reports_where_each_op_went(cal):
     base = graph_of(cal)  # the same step without offload
     facts = StepFacts(trainable=SMALL.total_params, n_tensors=201, saved_per_layer=1e8, gpu_param_width=4,
                       layer_params=SMALL.layer_params)
-    price = CostModel(H100, cal).duration
-    out, mapping = apply_offload_mapped(base, SMALL, p.with_(offload_schedule=OffloadSchedule.OVERLAPPED), facts, price)
+    # only activations move: no optimizer, so no link widths to decide (widths=None)
+    out, mapping = apply_offload_mapped(base, SMALL, p.with_(offload_schedule=OffloadSchedule.OVERLAPPED), facts, None)
     assert len(mapping) == len(base.ops) and mapping == sorted(mapping)
     assert all(out.ops[mapping[i]] is base.ops[i] for i in range(len(base.ops)))
     assert len(out.ops) == len(base.ops) + 2 * SMALL.num_layers  # one copy down, one back, per layer

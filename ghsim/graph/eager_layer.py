@@ -46,10 +46,10 @@ class EagerLayer(LayerOps):
         for p, out in zip(self.attn_in, ("q", "k", "v")):
             kept[p.name] = self.projection_fwd(p, gathered or "n1.out", rs, out)
         if gathered:  # not saved: backward gathers it again
-            self.t.free(self.ops[-1], [gathered])
+            self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n1.normed", "n1.rstd"])
         if dt.autocast_casts or self.plan.precision == Precision.FP8:
-            self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept
+            self.ops[-1] = self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept
         else:
             self.release(["n1.out"])
         # rotary: rotated copies replace q and k
@@ -78,10 +78,10 @@ class EagerLayer(LayerOps):
         for p, out in zip(self.mlp_in, mlp_outs):
             kept[p.name] = self.projection_fwd(p, gathered or "n2.out", rs, out)
         if gathered:
-            self.t.free(self.ops[-1], [gathered])
+            self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n2.normed", "n2.rstd", "h1"])
         if dt.autocast_casts or self.plan.precision == Precision.FP8:
-            self.t.free(self.ops[-1], ["n2.out"])
+            self.ops[-1] = self.t.free(self.ops[-1], ["n2.out"])
         else:
             self.release(["n2.out"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
@@ -96,7 +96,7 @@ class EagerLayer(LayerOps):
                  creates={"x_next": Tn * h * rs}, frees=[mlp_out])
         if not save:
             for names in kept.values():
-                self.t.free(self.ops[-1], [n for n in names if n in self.t.live and not n.endswith(".w16")])
+                self.ops[-1] = self.t.free(self.ops[-1], [n for n in names if n in self.t.live and not n.endswith(".w16")])
             # autocast's weight cache holds the bf16 copies until the forward ends
         return kept
 
@@ -141,8 +141,7 @@ class EagerLayer(LayerOps):
             recompute = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
                            resource=Resource.GPU, dtype=self.attn_dtype,
                            flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
-            self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act)
-            self.ops[-1].phase = Phase.RECOMPUTE
+            self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act, Phase.RECOMPUTE)
         bwd = Op(name="flash_attn.bwd", category=Category.ATTENTION, kind=Kind.ATTN_BWD, resource=Resource.GPU,
                  dtype=self.attn_dtype, kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
                  flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)

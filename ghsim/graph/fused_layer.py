@@ -23,6 +23,8 @@ instead of the 5as^2b softmax terms; their 34sbh also counts the two
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ghsim.graph.dtypes import fused_variant
 from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.graph.kernels import FUSED_ROPE_KERNELS, sdpa_backward_kernels
@@ -64,10 +66,10 @@ class FusedLayer(LayerOps):
         gathered = self.tp_gather("n1.all_gather", T * h * act, "n1.g")
         kept["qkv_proj"] = self.projection_fwd(self.qkv_proj, gathered or "n1.out", act, "qkv")
         if gathered:  # not saved: backward gathers it again
-            self.t.free(self.ops[-1], [gathered])
+            self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n1.stats"])
         if fp8:
-            self.t.free(self.ops[-1], ["n1.out"])  # only its fp8 copy is kept
+            self.ops[-1] = self.t.free(self.ops[-1], ["n1.out"])  # only its fp8 copy is kept
         else:
             self.release(["n1.out"])
         # q, k and v are views of the one QKV output; rotary writes rotated q and k (the
@@ -85,10 +87,10 @@ class FusedLayer(LayerOps):
         self.moe_dispatch_fwd()
         kept["fc1"] = self.projection_fwd(self.fc1, gathered or "n2.out", act, "fc1")
         if gathered:
-            self.t.free(self.ops[-1], [gathered])
+            self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n2.stats"])
         if fp8:
-            self.t.free(self.ops[-1], ["n2.out"])
+            self.ops[-1] = self.t.free(self.ops[-1], ["n2.out"])
         else:
             self.release(["n2.out"])
         ff_in = self.mlp_tokens * self.fc1.n_out * act
@@ -104,7 +106,7 @@ class FusedLayer(LayerOps):
         self.release(["h1"])
         if not save:
             for names in kept.values():
-                self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
+                self.ops[-1] = self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
         return kept
 
     def _fused_residual_fwd(self, name: str, branch: str, out: str, mask: str) -> None:
@@ -149,8 +151,7 @@ class FusedLayer(LayerOps):
                 op = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
                         resource=Resource.GPU, dtype=self.attn_dtype, shape=shape,
                         flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim))
-                self._emit(op, {"lse": lse}, None, T * q * act)
-                op.phase = Phase.RECOMPUTE
+                self._emit(op, {"lse": lse}, None, T * q * act, Phase.RECOMPUTE)
                 return
             attn = Op(name="flash_attn", category=Category.ATTENTION, kind=Kind.ATTN_FWD, resource=Resource.GPU,
                       dtype=self.attn_dtype,
@@ -171,13 +172,12 @@ class FusedLayer(LayerOps):
         if recompute:  # the context is recomputed and dropped: the projection kept its own input
             self.bmm(f"{name}.pv", B, S, m.head_dim, S, bmm, transient=ctx)
             self.fused_op(f"{name}.context_copy", 2 * ctx, 1, Category.ELEMENTWISE, transient=ctx)
-            for op in self.ops[first:]:
-                op.phase = Phase.RECOMPUTE
+            self.ops[first:] = [replace(op, phase=Phase.RECOMPUTE) for op in self.ops[first:]]
             return
         self.bmm(f"{name}.pv", B, S, m.head_dim, S, bmm, creates={"ctx": ctx})
         self.fused_op(f"{name}.context_copy", 2 * ctx, 1, Category.ELEMENTWISE, creates={"o": ctx}, frees=["ctx"])
         if selective:
-            self.t.free(self.ops[-1], [n for n in ("probs", "probs.mask", "probs.drop") if n in self.t.live])
+            self.ops[-1] = self.t.free(self.ops[-1], [n for n in ("probs", "probs.mask", "probs.drop") if n in self.t.live])
 
     def _attention_core_bwd(self) -> None:
         """Attention backward from "g_o" to "g_qkv" (the QKV GEMM's output gradient)."""
@@ -252,7 +252,7 @@ class FusedLayer(LayerOps):
             self.mem("moe_dispatch.bwd", "copy", (self.mlp_tokens + T) * h * act, 1, Category.OTHER,
                      creates={"g_n2": T * h * act}, frees=["g_n2.experts"])
             self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
-        self.t.free(self.ops[-1], [n for n in ["n2.out"] + ([regathered] if regathered else []) if n in self.t.live])
+        self.ops[-1] = self.t.free(self.ops[-1], [n for n in ["n2.out"] + ([regathered] if regathered else []) if n in self.t.live])
         g_n2 = self.tp_reduce("g_n2.tp_reduce", "g_n2", T * h * act)
         self._fused_norm_bwd("post_attn_norm", "n2", g_n2, "h1")
         # attention branch
@@ -262,7 +262,7 @@ class FusedLayer(LayerOps):
         self._attention_core_bwd()
         regathered = self.tp_gather("n1.all_gather.bwd", T * h * act, "n1.g", for_wgrad=True)
         self.projection_bwd(self.qkv_proj, "g_qkv", "g_n1", kept["qkv_proj"])
-        self.t.free(self.ops[-1], [n for n in ["n1.out"] + ([regathered] if regathered else []) if n in self.t.live])
+        self.ops[-1] = self.t.free(self.ops[-1], [n for n in ["n1.out"] + ([regathered] if regathered else []) if n in self.t.live])
         g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * act)
         self._fused_norm_bwd("input_norm", "n1", g_n1, "x")
 

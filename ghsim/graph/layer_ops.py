@@ -83,17 +83,19 @@ class LayerOps:
         self.save = True
 
     # --- op constructors --------------------------------------------------------------
-    def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float) -> Op:
+    def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float,
+              phase: Phase | None = None) -> Op:
+        """Append `op` as this builder issues it: its waits, memory effects and phase (`phase`:
+        other than the builder's). Returns the appended op (a changed copy of `op`)."""
+        deps = op.deps
         if self._after is not None:
-            op.deps = op.deps + (self._after,)
+            deps = deps + (self._after,)
             self._after = None
         if self._before_wgrad is not None and op.name.endswith(".wgrad"):
-            op.deps = op.deps + (self._before_wgrad,)
+            deps = deps + (self._before_wgrad,)
             self._before_wgrad = None
-        self.t.create(op, creates or {})
-        self.t.free(op, frees or [])
-        op.hbm_transient = transient
-        op.phase = self.phase
+        changes = self.t.created(creates or {}) + self.t.freed(frees or [])
+        op = op.evolve(changes, deps=deps, hbm_transient=transient, phase=phase or self.phase)
         self.ops.append(op)
         return op
 
@@ -125,7 +127,7 @@ class LayerOps:
         """A collective on its group's link stream: it waits for the op before it, the next op waits for it."""
         op = Op(name=name, category=Category.COMMUNICATION, kind=Kind.COLLECTIVE, resource=resource, variant=kind,
                 bytes=nbytes, deps=(len(self.ops) - 1,))
-        self._emit(op, creates, frees, 0.0)
+        op = self._emit(op, creates, frees, 0.0)
         self._after = len(self.ops) - 1
         return op
 
@@ -173,7 +175,7 @@ class LayerOps:
         (the sharded copy is freed); the name to use from here on."""
         if self.tp_gather(f"{grad}.all_gather", tensor_bytes, f"{grad}.g") is None:
             return grad
-        self.t.free(self.ops[-1], [grad])
+        self.ops[-1] = self.t.free(self.ops[-1], [grad])
         return f"{grad}.g"
 
     def tp_reduce(self, name: str, tensor: str, tensor_bytes: float) -> str:
@@ -197,7 +199,7 @@ class LayerOps:
         """Tensors whose last forward use has passed: kept if saved for backward, else freed."""
         if self.save or not names:
             return
-        self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
+        self.ops[-1] = self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
 
     # --- projections -----------------------------------------------------------------
     def _proj_tokens(self, p: Projection) -> int:
@@ -270,4 +272,4 @@ class LayerOps:
                          creates={f"grad.{p.name}": w * 4})
             else:
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, creates={f"grad.{p.name}": w * dt.grad})
-        self.t.free(self.ops[-1], kept + [grad_out])
+        self.ops[-1] = self.t.free(self.ops[-1], kept + [grad_out])

@@ -20,17 +20,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from ghsim.graph.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Group
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
-from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, GradSource, RankHooks, StepFacts, apply_offload_mapped
+from ghsim.graph.offload import (
+    DEEPSPEED_BUCKET_ELEMENTS,
+    GradSource,
+    RankHooks,
+    StepFacts,
+    Widths,
+    apply_offload_mapped,
+)
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards
-from ghsim.graph.step import ParamCounts, _optimizer_ops, accumulating, input_ops, param_counts, priced_templates
+from ghsim.graph.step import (
+    LayerTemplates,
+    ParamCounts,
+    _optimizer_ops,
+    accumulating,
+    input_ops,
+    layer_templates,
+    param_counts,
+)
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import LayerSplit
 from ghsim.hardware import Hardware
@@ -222,7 +236,10 @@ class _RankGraph:
         self.pending: tuple[int, ...] = ()
 
     def add(self, op: Op, then_wait: bool = False) -> int:
-        op.deps = tuple(sorted(set(op.deps + self.pending)))
+        if self.pending:
+            op = op.evolve(deps=tuple(sorted(set(op.deps + self.pending))))
+        elif len(op.deps) > 1:  # deps as a sorted set, as every op added here has them
+            op = op.evolve(deps=tuple(sorted(set(op.deps))))
         self.pending = ()
         i = self.g.add(op)
         if then_wait:
@@ -244,12 +261,11 @@ class _RankGraph:
         return len(self.g) - 1
 
 
-def _comm(name: str, kind: str, resource: str, nbytes: float, seconds: float, phase: str,
+def _comm(name: str, kind: str, resource: str, nbytes: float, phase: str,
           calls: int = 1, deps: tuple[int, ...] = ()) -> Op:
-    op = Op(name=name, category="communication", kind=K.COLLECTIVE, resource=resource, variant=kind,
-            bytes=nbytes, kernels=calls, deps=deps, phase=phase)
-    op.duration = seconds
-    return op
+    """A collective of `calls` calls on the link stream of its group (`resource`)."""
+    return Op(name=name, category="communication", kind=K.COLLECTIVE, resource=resource, variant=kind,
+              bytes=nbytes, kernels=calls, deps=deps, phase=phase)
 
 
 def _marker(name: str, phase: str) -> Op:
@@ -273,12 +289,13 @@ def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
     return layer_grad_bytes  # FSDP: one unit per layer
 
 
-CommTime = Callable[[str, float, str, int], float]  # (kind, bytes, group/stream, calls) -> seconds
+def rank_templates(model: ModelSpec, plan: Plan, layout: Layout) -> LayerTemplates:
+    """The op templates of one rank's shard of the model (build once per plan)."""
+    return layer_templates(rank_shard(model, layout), plan, layout.split())
 
 
 def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk, final: bool,
-                     price: Callable[[Op], float], comm_time: CommTime,
-                     templates: dict | None = None) -> MicrobatchGraph:
+                     templates: LayerTemplates | None = None, widths: Widths | None = None) -> MicrobatchGraph:
     """Forward and backward of one micro-batch of `chunk` on one rank; with `final`, the
     step's last micro-batch: every gradient reduced, then the optimizer and (ZeRO-1/2)
     the all-gather of the updated parameters.
@@ -288,24 +305,22 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     their reduction, its optimizer shard runs on its share of the host, its
     activations and (ZeRO-Infinity) parameter shards cross its host link.
 
-    `price` gives compute (and in-layer collective) durations, called once per
-    template op; `comm_time` prices the data-parallel collectives built here. `templates`
-    (a dict the caller keeps for one plan) holds the priced templates for the next call.
+    `templates`: rank_templates(), when the caller keeps them for the plan. `widths`:
+    what crosses the host link (cost/offload_policy.py), needed when the optimizer is
+    offloaded. Nothing here is priced: the simulator prices the graph's ops.
     """
     local = rank_shard(model, layout)
     split = layout.split()
     dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
     offload = resolve_offload(plan)
-    t = templates if templates is not None else {}
-    if not t:
-        t.update(priced_templates(local, plan, price, split))
-    fwd, bwd, cache_bytes, saved_per_layer = t["fwd"], t["bwd"], t["cache_bytes"], t["saved_per_layer"]
+    t = templates or layer_templates(local, plan, split)
+    fwd, bwd, cache_bytes, saved_per_layer = t.fwd, t.bwd, t.cache_bytes, t.saved_per_layer
     # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
     # weights are gathered per layer and their copies go with the gathered buffer
     zero3_cache = cache_bytes if (plan.zero >= 3 and layout.dp > 1) else 0.0
     cache_bytes -= zero3_cache
-    loss_fwd, loss_bwd = (t["loss_fwd"], t["loss_bwd"]) if chunk.last else ([], [])
-    emb_fwd, emb_bwd = (t["emb_fwd"], t["emb_bwd"]) if chunk.first else ([], [])
+    loss_fwd, loss_bwd = (t.loss_fwd, t.loss_bwd) if chunk.last else ((), ())
+    emb_fwd, emb_bwd = (t.emb_fwd, t.emb_bwd) if chunk.first else ((), ())
     cp = chunk_params(model, plan, layout, chunk)
     dt = Dtypes.of(plan)
     T, h = plan.micro_batch * plan.seq, model.hidden_size
@@ -327,8 +342,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
 
     def tp_collective(name: str, kind: str, nbytes: float, phase: str) -> None:
         if layout.tp > 1:
-            rg.add(_comm(name, kind, "tp", nbytes, comm_time(kind, nbytes, "tp", 1), phase,
-                         deps=(rg.last,) if len(rg.g) else ()), then_wait=True)
+            rg.add(_comm(name, kind, "tp", nbytes, phase, deps=(rg.last,) if len(rg.g) else ()), then_wait=True)
 
     sp = split.sequence_parallel
     Tn = T // layout.tp if sp else T
@@ -342,34 +356,36 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     # a later micro-batch's backward adds into the accumulated gradients: it allocates none
     acc = accumulating if not fresh_grads else (lambda template: template)
     if not fresh_grads:  # the full gradients, accumulated
-        rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads))
+        rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads))
     elif earlier and lazy_shards and not streams:  # the gradient shards, accumulated
-        rg.g.add(_marker("grads.accumulated", "fwd").change_hbm("grads", all_grads / dp))
+        rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads / dp))
     # --- forward -------------------------------------------------------------------------
     if emb_fwd:
-        data = input_ops(plan, price)  # the micro-batch's tokens, from the host's data loader
+        data = input_ops(plan)  # the micro-batch's tokens, from the host's data loader
         if data:
             rg.extend(data)
         rg.extend(emb_fwd)
         tp_collective("embedding.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE, tp_bytes, "fwd")
     else:
-        rg.g.add(_marker("input.received", "fwd").change_hbm("activations", x_bytes))
+        rg.g.add(_marker("input.received", "fwd").with_hbm("activations", x_bytes))
     gathers: dict[int, int] = {}
     gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
 
-    gather_s = comm_time(gather_kind, cp.layer_bytes, "dp", 1) if zero == 3 else 0.0  # every layer's alike
+    # every layer's gather and release are alike: built once per phase (a gather's deps differ)
+    gather_ops = {phase: _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, phase).with_hbm(
+        "gathered_params", cp.layer_bytes) for phase in ("fwd", "bwd")} if zero == 3 else {}
+    release_ops = {phase: _marker("zero3.release", phase).evolve(
+        [("gathered_params", -cp.layer_bytes)] + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == "fwd"
+                                                  else [])) for phase in ("fwd", "bwd")} if zero == 3 else {}
 
     def zero3_gather(layer: int, after: int | None, phase: str) -> None:
-        op = _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, gather_s, phase,
-                   deps=(after,) if after is not None and after >= 0 else ())
-        op.change_hbm("gathered_params", cp.layer_bytes)
+        op = gather_ops[phase]
+        if after is not None and after >= 0:
+            op = op.evolve(deps=(after,))
         gathers[layer] = gathered[(phase, layer)] = rg.g.add(op)
 
     def zero3_release(phase: str) -> None:
-        op = _marker("zero3.release", phase).change_hbm("gathered_params", -cp.layer_bytes)
-        if zero3_cache and phase == "fwd":
-            op.change_hbm("weight_copies", -zero3_cache)
-        rg.g.add(op)
+        rg.g.add(release_ops[phase])
 
     layer_ends: list[int] = []
     for layer in range(L):
@@ -388,18 +404,18 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
             tp_collective("lm_head.all_gather", ALL_GATHER, tp_bytes, "fwd")
         rg.extend(loss_fwd)
         if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
-            rg.g.own(rg.last).change_hbm("weight_copies", -cache_bytes * L)
+            rg.g.ops[rg.last] = rg.g.ops[rg.last].with_hbm("weight_copies", -cache_bytes * L)
         # vocab-parallel cross entropy: max, sum of exponentials and target logit over tp
         tp_collective("cross_entropy.tp_all_reduce", ALL_REDUCE, 3 * T * 4, "fwd")
     else:
         if cache_bytes:
-            rg.g.add(_marker("autocast.release", "fwd").change_hbm("weight_copies", -cache_bytes * L))
-        rg.g.add(_marker("output.sent", "fwd").change_hbm("activations", -x_bytes))
+            rg.g.add(_marker("autocast.release", "fwd").with_hbm("weight_copies", -cache_bytes * L))
+        rg.g.add(_marker("output.sent", "fwd").with_hbm("activations", -x_bytes))
     fwd_last = rg.last
 
     # --- backward ------------------------------------------------------------------------
     if not loss_bwd:
-        rg.g.add(_marker("grad.received", "bwd").change_hbm("activation_grads", g_bytes))
+        rg.g.add(_marker("grad.received", "bwd").with_hbm("activation_grads", g_bytes))
     else:
         _, loss_last = rg.extend(acc(loss_bwd))
         tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE,
@@ -418,10 +434,9 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     def reduce_grads(nbytes: float, params: float, after: int, phase: str) -> None:
         nonlocal last_dp
         calls = max(1, math.ceil(nbytes / bucket - 1e-9))
-        op = _comm(f"grads.{grad_kind}", grad_kind, "dp", nbytes, comm_time(grad_kind, nbytes, "dp", calls),
-                   phase, calls=calls, deps=(after,))
+        op = _comm(f"grads.{grad_kind}", grad_kind, "dp", nbytes, phase, calls=calls, deps=(after,))
         if zero >= 2:  # the full gradients of the bucket give way to this rank's shard (or leave for the host)
-            op.change_hbm("grads", -nbytes + (nbytes / dp if lazy_shards and not earlier and not streams else 0.0))
+            op = op.with_hbm("grads", -nbytes + (nbytes / dp if lazy_shards and not earlier and not streams else 0.0))
         last_dp = rg.g.add(op)
         sources.append(GradSource(last_dp, params, 0.0 if zero >= 2 else nbytes, ("bucket", len(sources)), -1, 0,
                                   accumulate, "dp"))
@@ -458,7 +473,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
             pending_grads += emb_grads
             pending_params += cp.embedding_trainable
     else:
-        rg.g.add(_marker("grad.sent", "bwd").change_hbm("activation_grads", -g_bytes))
+        rg.g.add(_marker("grad.sent", "bwd").with_hbm("activation_grads", -g_bytes))
     if loss_bwd and reducing and not head_first:
         pending_grads += loss_grads
         pending_params += cp.head_trainable
@@ -477,8 +492,6 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
         shard = dp if zero >= 1 else 1
         counts = ParamCounts(cp.params, cp.trainable / shard, n_tensors)
         opt = _optimizer_ops(local, plan, counts)
-        for op in opt:
-            op.duration = price(op)
         if last_dp >= 0:
             rg.wait_before(last_dp)
         _, opt_last = rg.extend(opt)
@@ -489,14 +502,13 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
                           saved_per_layer=offload_saved_bytes(plan, saved_per_layer, x_bytes),
                           gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
         hooks = RankHooks(tuple(sources) if final or per_microbatch else (), gathered, final, bool(loss_bwd))
-        g, moved = apply_offload_mapped(g, local, plan, facts, price, hooks)
+        g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)
         fwd_last, bwd_last, tail_first = moved[fwd_last], moved[bwd_last], moved[tail_first]
     if final and 1 <= zero <= 2:  # updated parameter shards go back to every rank
         after = ([i for i, op in enumerate(g.ops) if op.phase == "opt" or op.resource == "dp"] if offload.optimizer
                  else [opt_last])
         nbytes = cp.params * StateBytes.of(plan).params
-        g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes,
-                    comm_time(ALL_GATHER, nbytes, "dp", max(1, math.ceil(nbytes / bucket - 1e-9))),
-                    "opt", deps=tuple(after)))
+        g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes, "opt",
+                    calls=max(1, math.ceil(nbytes / bucket - 1e-9)), deps=tuple(after)))
     saved = sum(op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in g.ops[:fwd_last + 1])
     return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, saved)

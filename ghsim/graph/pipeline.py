@@ -195,7 +195,6 @@ def _issue(items: list[list[tuple]], pp: int) -> PipelineGraph:
                 name = f"{seg} chunk {c}" if c >= 0 else f"{seg} stage {d}"
                 op = shared[(res, seg, c, seconds)] = Op(name=name, category=category, kind=Kind.HOST_WORK,
                                                          resource=res, seconds=seconds, kernels=0, phase=seg)
-                op.duration = seconds
             index[key] = len(g_ops)
             g_ops.append(op)
             g_deps.append(tuple(index[k] for k in deps))

@@ -8,10 +8,7 @@ templates and replicated (graph/parallel.build_microbatch); that is what makes a
 
 from __future__ import annotations
 
-import copy
-
 from dataclasses import dataclass
-from typing import Callable
 
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Op
@@ -70,7 +67,7 @@ def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSpli
     b.ops = []
     if full:  # the checkpointed forward runs again, keeping what backward needs
         kept = b.forward(save=True, phase="recompute")
-        b.t.free(b.ops[-1], ["x_next"])
+        b.ops[-1] = b.t.free(b.ops[-1], ["x_next"])
     b.t.live["g"] = x_bytes if not b.dt.autocast_casts else b.Tn * model.hidden_size * 4
     b.backward(kept)
     return fwd, b.ops, cache_bytes, saved
@@ -103,7 +100,7 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     g_logits = "g_logits"
     b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
     if plan.lora_rank:
-        b.t.free(b.ops[-1], [g_logits])
+        b.ops[-1] = b.t.free(b.ops[-1], [g_logits])
     elif dt.autocast_casts:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, transient=V * h * 2)
         b.mem("lm_head.wgrad_cast", "cast_fp32_to_bf16", V * h * 6, 1, "elementwise", creates={"grad.lm": V * h * 4},
@@ -179,7 +176,7 @@ def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         _eager_cross_entropy_bwd(b, T, V, act)
     b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
     if plan.lora_rank:
-        b.t.free(b.ops[-1], ["g_logits"])
+        b.ops[-1] = b.t.free(b.ops[-1], ["g_logits"])
     else:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=["g_logits"])
     stats = b._norm_stats(T)
@@ -196,10 +193,10 @@ def _embedding_fwd(model: ModelSpec, plan: Plan) -> Op:
         # Megatron's Embedding: word lookup, position lookup, then their sum (three kernels)
         op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
                 bytes=(2 + 2 + 3) * T * h * rs, kernels=LEARNED_POSITION_FWD_KERNELS, phase="fwd")
-        return op.change_hbm("activations", T * h * rs)
+        return op.with_hbm("activations", T * h * rs)
     op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
             bytes=2 * T * h * rs, kernels=1, phase="fwd")
-    return op.change_hbm("activations", T * h * rs)
+    return op.with_hbm("activations", T * h * rs)
 
 
 def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
@@ -210,7 +207,7 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
     if plan.lora_rank:  # frozen embedding: the gradient just dies
         op = Op(name="embedding.grad_free", category="other", kind=K.MEMBOUND, resource="gpu", variant="copy",
                 kernels=0, phase="bwd")
-        return [op.change_hbm("activation_grads", -g)]
+        return [op.with_hbm("activation_grads", -g)]
     if plan.framework.fused_kernels:
         # Megatron: the embedding gradient in the working gradient dtype (its main_grad buffer);
         # learned positions add the same zero-and-scatter for the position table
@@ -219,10 +216,10 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
         op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
                 bytes=V * h * width + 2 * g + (plan.seq * h * width + 2 * g if learned else 0.0),
                 kernels=8 if learned else 4, phase="bwd")
-        return [op.change_hbm("grads", V * h * width).change_hbm("activation_grads", -g)]
+        return [op.with_hbm("grads", V * h * width).with_hbm("activation_grads", -g)]
     op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
             bytes=V * h * 4 + 2 * g, kernels=4, phase="bwd")
-    return [op.change_hbm("grads", V * h * 4).change_hbm("activation_grads", -g)]
+    return [op.with_hbm("grads", V * h * 4).with_hbm("activation_grads", -g)]
 
 
 def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op]:
@@ -251,27 +248,35 @@ def _fused_optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> l
     return ops
 
 
-def priced_templates(model: ModelSpec, plan: Plan, price: Callable[[Op], float],
-                     split: LayerSplit = LayerSplit()) -> dict:
-    """A layer's forward and backward (with torch's save_on_cpu when the plan asks for it), the
-    loss and the embedding, as op templates with their durations: the same for every layer,
-    micro-batch and chunk of a plan (builders copy an op with own() before changing it).
-    Also the layer's autocast weight-copy bytes ("cache_bytes") and saved bytes ("saved_per_layer")."""
+@dataclass(frozen=True)
+class LayerTemplates:
+    """The op templates of a plan's rank shard: a layer's forward and backward (with torch's
+    save_on_cpu when the plan asks for it), the loss and the embedding, the same for every
+    layer, micro-batch and chunk; and the layer's autocast weight-copy bytes and saved bytes."""
+
+    fwd: tuple[Op, ...]
+    bwd: tuple[Op, ...]
+    loss_fwd: tuple[Op, ...]
+    loss_bwd: tuple[Op, ...]
+    emb_fwd: tuple[Op, ...]
+    emb_bwd: tuple[Op, ...]
+    cache_bytes: float  # autocast's bf16 weight copies one layer holds until the forward ends
+    saved_per_layer: float  # activation bytes one layer's forward leaves for its backward
+
+
+def layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSplit()) -> LayerTemplates:
+    """The plan's op templates (graph/parallel.build_microbatch replicates them), unpriced."""
     offload = resolve_offload(plan)
     fwd, bwd, cache_bytes, saved_per_layer = _layer_templates(model, plan, split)
     if offload.activations and plan.recompute != Recompute.FULL and offload.schedule == OffloadSchedule.SYNC:
         fwd, bwd = sync_activation_offload(fwd, bwd, model, plan, saved_per_layer)  # torch's save_on_cpu
-    t = {"fwd": fwd, "bwd": bwd, "cache_bytes": cache_bytes, "saved_per_layer": saved_per_layer}
-    t["loss_fwd"], t["loss_bwd"] = _loss_ops(model, plan)
-    t["emb_fwd"], t["emb_bwd"] = [_embedding_fwd(model, plan)], _embedding_bwd(model, plan)
-    for name in ("fwd", "bwd", "loss_fwd", "loss_bwd", "emb_fwd", "emb_bwd"):
-        for op in t[name]:
-            op.duration = price(op)
-    return t
+    loss_fwd, loss_bwd = _loss_ops(model, plan)
+    return LayerTemplates(tuple(fwd), tuple(bwd), tuple(loss_fwd), tuple(loss_bwd), (_embedding_fwd(model, plan),),
+                          tuple(_embedding_bwd(model, plan)), cache_bytes, saved_per_layer)
 
 
-def input_ops(plan: Plan, price: Callable[[Op], float]) -> list[Op]:
-    """Preparing a micro-batch on the host and copying its token ids to the GPU, priced.
+def input_ops(plan: Plan) -> list[Op]:
+    """Preparing a micro-batch on the host and copying its token ids to the GPU.
 
     With 0 workers the training process prepares each batch itself, so the
     host (and then the GPU) waits for it. With N workers the pool prefetches
@@ -288,8 +293,6 @@ def input_ops(plan: Plan, price: Callable[[Op], float]) -> list[Op]:
               seconds=loader_seconds(plan) if in_process else 0.0, host_waits=in_process, kernels=0, phase="data")
     h2d = Op(name="batch.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=token_bytes, deps=(0,),
              kernels=0, phase="data")
-    for op in (prep, h2d):
-        op.duration = price(op)
     return [prep, h2d]
 
 
@@ -304,5 +307,5 @@ def accumulating(template: list[Op]) -> list[Op]:
     out = []
     for op in template:
         grads = (op.hbm_by_tag or {}).get("grads", 0.0)
-        out.append(copy.copy(op).change_hbm("grads", -grads) if grads > 0 else op)
+        out.append(op.with_hbm("grads", -grads) if grads > 0 else op)
     return out

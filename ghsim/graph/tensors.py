@@ -29,16 +29,29 @@ class Tensors:
     def __init__(self) -> None:
         self.live: dict[str, float] = {}
 
-    def create(self, op: Op, sizes: dict[str, float]) -> None:
+    def create(self, op: Op, sizes: dict[str, float]) -> Op:
+        """`op` as the op that creates these tensors (a changed copy)."""
+        return op.evolve(self.created(sizes)) if sizes else op
+
+    def free(self, op: Op, names: list[str]) -> Op:
+        """`op` as the op after which these tensors are freed (a changed copy)."""
+        return op.evolve(self.freed(names)) if names else op
+
+    def created(self, sizes: dict[str, float]) -> list[tuple[str, float]]:
+        """Mark these tensors live; the HBM changes (tag, bytes) an op creating them makes."""
+        out = []
         for name, nbytes in sizes.items():
             if name in self.live:
                 raise ValueError(f"tensor {name} created twice")
             self.live[name] = nbytes
-            op.change_hbm(memory_tag(name), nbytes)
+            out.append((memory_tag(name), nbytes))
+        return out
 
-    def free(self, op: Op, names: list[str]) -> None:
+    def freed(self, names: list[str]) -> list[tuple[str, float]]:
+        """Mark these tensors dead; the HBM changes (tag, -bytes) an op freeing them makes."""
+        out = []
         for name in names:
             if name not in self.live:
                 raise ValueError(f"tensor {name} freed but not live")
-            op.change_hbm(memory_tag(name), -self.live.pop(name))
-
+            out.append((memory_tag(name), -self.live.pop(name)))
+        return out

@@ -1,7 +1,8 @@
 """The event engine: ops on in-order resources, with dependencies and a host issue thread.
 
 It knows nothing of transformers. An op names the resource it runs on, the ops it
-waits for, its duration, and what it costs the host thread that issues it.
+waits for, its duration (the caller prices it), and what it costs the host thread
+that issues it.
 
 Why one pass in issue order is an exact discrete-event simulation here: every
 resource ghsim models is an in-order queue (a CUDA stream, a copy engine's
@@ -134,16 +135,16 @@ def distinct(items: Sequence) -> tuple[list, np.ndarray]:
 
 
 def run_ops(resources: Sequence[Resource], ops: Sequence, deps: Sequence[tuple[int, ...]],
-            issue_cost: Callable[[Any], float], lead_gap: Callable[[Any], float],
+            duration: Callable[[Any], float], issue_cost: Callable[[Any], float], lead_gap: Callable[[Any], float],
             distinct_ops: tuple[list, np.ndarray] | None = None) -> tuple[Schedule, np.ndarray]:
-    """run() for op objects (anything with .resource, .duration and .host_waits): each distinct
-    op is asked its issue cost and its lead gap (idle stream before its kernels, run ahead of
+    """run() for op objects (anything with .resource and .host_waits): each distinct op is asked
+    its duration, its issue cost and its lead gap (idle stream before its kernels, run ahead of
     its duration) once. `distinct_ops`: distinct(ops), if the caller has it. Returns the
     schedule and the lead gap of every op."""
     index = {r.name: k for k, r in enumerate(resources)}
     ds, rows = distinct_ops or distinct(ops)
     gap = np.array([lead_gap(o) for o in ds], float)
-    busy = np.array([o.duration for o in ds], float) + gap
+    busy = np.array([duration(o) for o in ds], float) + gap
 
     def per_op(values, dtype=float) -> list:
         return np.array(values, dtype)[rows].tolist()

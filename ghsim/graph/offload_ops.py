@@ -1,0 +1,46 @@
+"""The ops offload schedules insert: host-link copies, casts on the GPU or the CPU, the CPU's
+and the GPU's shares of AdamW, memory markers."""
+
+from __future__ import annotations
+
+from ghsim.graph import ops as K
+from ghsim.graph.offload_setup import OffloadSetup
+from ghsim.graph.ops import Op
+from ghsim.graph.optimizer import gpu_adamw
+from ghsim.plan import Framework, Plan
+
+
+def copy_op(name: str, direction: str, nbytes: float, phase: str, setup: OffloadSetup, resource: str,
+          transfers: int = 1, duplex: bool = False) -> Op:
+    return Op(name=name, category=K.COPY, kind=direction, resource=resource, bytes=nbytes, phase=phase,
+              kernels=transfers, pinned=setup.pinned, variant="duplex" if duplex else "")
+
+
+def gpu_cast(name: str, params: float, phase: str, stream: str = "gpu") -> Op:
+    """bf16 <-> fp32 on the GPU: read one width, write the other (6 bytes per element).
+    `stream`: where it is queued (the stream of the collective it follows or feeds, if any)."""
+    return Op(name=name, category="elementwise", kind=K.MEMBOUND, resource=stream, variant="cast_fp32_to_bf16",
+              bytes=6 * params, phase=phase, hbm_transient=4 * params)
+
+
+def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool) -> Op:
+    return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource="cpu", bytes=nbytes, phase=phase, kernels=0,
+              host_waits=host_waits)
+
+
+def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
+    return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=params, phase="opt",
+              variant=setup.cpu_impl, kernels=0, host_waits=host_waits)
+
+
+def _marker(name: str, phase: str) -> Op:
+    """A zero-time op on the compute stream that only carries a memory change."""
+    return Op(name=name, category="other", kind=K.HOST_WORK, resource="gpu", kernels=0, phase=phase)
+
+
+def _gpu_adam(params: float, n_tensors: int, plan: Plan) -> Op:
+    """The GPU's share of AdamW: DeepSpeed runs its fused multi-tensor Adam; PyTorch the plan's impl."""
+    impl = plan.optimizer_impl
+    if plan.framework == Framework.DEEPSPEED or impl not in ("foreach", "fused"):
+        impl = "fused"
+    return gpu_adamw(f"adamw.{impl}.gpu_share", params, n_tensors, impl)

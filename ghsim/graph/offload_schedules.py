@@ -1,0 +1,220 @@
+"""The offload schedules' insertions: activation copies, parameter fetches, and the offloaded
+optimizer (gradients down, the CPU's share of AdamW, parameters back; plain PyTorch's sync
+variant). graph/offload.py says what each schedule does and applies them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ghsim.graph import ops as K
+from ghsim.graph.offload_ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
+from ghsim.graph.offload_rewrite import BWD, FWD, New
+from ghsim.graph.offload_setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
+from ghsim.graph.ops import OpGraph
+from ghsim.plan import OffloadSchedule
+
+
+def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd) -> None:
+    """Each layer's saved activations leave after its forward and are prefetched one layer ahead."""
+    saved = facts.saved_per_layer
+    if saved <= 0:
+        return
+    d2h = replace(copy_op("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd),
+                  host_alloc=saved, mem_tag="offloaded_activations").with_hbm("activations", -saved)
+    h2d = replace(copy_op("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd),
+                  host_free=saved, mem_tag="offloaded_activations").with_hbm("activations", saved)
+    for mb, dirs in by_mb.items():
+        sent = {}
+        for run in dirs[FWD]:
+            if run.layer >= 0:
+                sent[run.layer] = rw.insert_after(run.last, new(d2h, [run.last], run.layer, mb))
+        bwd = dirs[BWD]
+        for k, run in enumerate(bwd):
+            if run.layer < 0 or run.layer not in sent:
+                continue
+            ahead = bwd[k - 1] if k > 0 else run  # prefetch while the previous backward run computes
+            fetch = rw.insert_before(ahead.first, new(h2d, [sent[run.layer]], run.layer, mb))
+            rw.add_dep(run.first, fetch)
+
+
+def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gathers) -> None:
+    """Layer parameters come from the host one layer ahead into a GPU buffer, forward and backward.
+
+    FSDP (sync) fetches the fp32 flat parameter and casts it on the GPU; ZeRO-Infinity
+    fetches the bf16 working copy. At most two layer buffers are in flight. With ZeRO-3
+    over several ranks (`gathers`), each rank fetches its shard just before the layer's
+    all-gather, which the gather waits for (the cast runs on the gather's stream).
+    """
+    P = facts.layer_params / setup.shard
+    fsdp = setup.fsdp_like
+    width = 4 if fsdp else 2
+    buffer = P * facts.gpu_param_width if not fsdp else P * 2
+    for mb, dirs in by_mb.items():
+        for direction, duplex in ((FWD, duplex_fwd), (BWD, duplex_bwd)):
+            seq = dirs[direction]
+            fetch_op = copy_op(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, "h2d",
+                             duplex=duplex).with_hbm("param_buffers", buffer)
+            release = _marker(f"params.release.{direction}", direction).with_hbm("param_buffers", -buffer)
+            casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in ("gpu", "dp")} if fsdp else {}
+            layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
+            for n, (k, run) in enumerate(layer_runs):
+                gather = gathers.get((direction, run.layer))
+                consumer = run.first if gather is None else gather
+                ahead = seq[k - 1].first if k > 0 and gather is None else consumer
+                deps = [layer_runs[n - 2][1].last] if n >= 2 else []  # its buffer is free again
+                fetch = rw.insert_before(ahead, new(fetch_op, deps, run.layer, mb))
+                if casts:
+                    fetch = rw.insert_before(consumer, new(casts["gpu" if gather is None else "dp"], [fetch],
+                                                           run.layer, mb))
+                rw.add_dep(consumer, fetch)
+                rw.insert_after(run.last, new(release, [], run.layer, mb))
+
+
+def _bucket_count(nbytes: float, setup: OffloadSetup, link_bucket: float) -> int:
+    """Copies a run's gradients take: DeepSpeed's fixed buckets, or buckets sized to the link
+    (`link_bucket` bytes: SuperOffload's, from Widths)."""
+    if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+        bucket = link_bucket
+    elif setup.schedule == OffloadSchedule.OVERLAPPED:
+        bucket = DEEPSPEED_BUCKET_ELEMENTS * 2
+    else:
+        return 1
+    return max(1, math.ceil(nbytes / bucket))
+
+
+def _run_sources(graph: OpGraph, by_mb, grad_width: float) -> list[GradSource]:
+    """One GPU's whole step: each backward run's gradients leave after it, in every micro-batch."""
+    per_run_bytes = _grad_bytes_per_run(graph, by_mb)
+    out = []
+    for mb in sorted(by_mb):
+        runs = by_mb[mb][BWD]
+        for run in runs:
+            k = (run.layer, run.first - runs[0].first)
+            if k not in per_run_bytes:
+                continue
+            held = sum((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0) for i in range(run.first, run.last + 1))
+            out.append(GradSource(run.last, per_run_bytes[k] / grad_width, held, k, run.layer, mb, mb > 0))
+    return out
+
+
+def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_width, duplex_bwd, widths: Widths,
+               steps: bool) -> None:
+    """Gradients to the host, the CPU's share of AdamW, updated parameters back; the GPU's share.
+    `steps`: the optimizer follows (else only the gradients leave, to be accumulated on the host)."""
+    sched = setup.schedule
+    P = facts.trainable
+
+    # The CPU takes the first cpu_share of the gradients in backward order (whole pieces);
+    # the GPU keeps the tail, with its optimizer states (SuperOffload's tail buckets).
+    target, taken, on_cpu = setup.cpu_share * P, 0.0, set()
+    first_mb = min((s.mb for s in sources), default=0)
+    for src in sources:
+        if src.mb == first_mb and src.params > 0 and taken + src.params <= target * (1 + 1e-9):
+            on_cpu.add(src.key)
+            taken += src.params
+    cpu_params, gpu_params = taken / setup.shard, (P - taken) / setup.shard
+    last_mb = max((s.mb for s in sources), default=0)
+    ready = sorted({s.after for s in sources if s.mb == last_mb})  # every gradient of the step is reduced
+
+    if sched == OffloadSchedule.SYNC and not setup.params:
+        if steps:
+            _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready)
+        return
+    superoffload = sched == OffloadSchedule.SUPEROFFLOAD
+    main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
+    arrivals: list[tuple[New, float, GradSource]] = []  # each piece's last op on its way to the host
+    for src in sources:
+        if src.key not in on_cpu:
+            continue
+        params = src.params / setup.shard
+        at, mb, layer = src.after, src.mb, src.layer
+        deps: list = [at]
+        if widths.grad_gpu_cast:
+            deps = [rw.insert_after(at, new(gpu_cast("grads.cast_fp32", params, "bwd", src.stream), deps, layer, mb))]
+        nbytes = params * widths.grad
+        d2h = copy_op("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
+                    _bucket_count(nbytes, setup, widths.bucket_d2h), duplex_bwd)
+        if src.held > 0:  # the GPU gradient is freed once it has left
+            d2h = d2h.with_hbm("grads", -src.held)
+        last = rw.insert_after(at, new(d2h, deps, layer, mb))
+        if widths.grad_cpu_cast:
+            last = rw.insert_after(at, new(cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
+                                           [last], layer, mb))
+        if src.accumulate:  # accumulate into the fp32 host gradient: read both, write one
+            last = rw.insert_after(at, new(cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
+                                           [last], layer, mb))
+        if mb == last_mb:
+            arrivals.append((last, params, src))
+    if not steps:
+        return
+    if gpu_params > 0:  # the GPU's share, after backward (and its gradients' reduction), on the compute stream
+        tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
+        kept = [s.after for s in sources if s.mb == last_mb and s.key not in on_cpu]
+        rw.append(new(_gpu_adam(gpu_params, tensors, plan), kept))
+    returns = not setup.params  # else the next step fetches the updated parameters
+    barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
+    prev = None
+    later: list[New] = []
+    for arrived, params, src in arrivals:
+        deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
+        chain = [new(cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
+        if widths.param_cpu_cast:
+            chain.append(new(cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
+                             src.layer, last_mb))
+        prev = chain[-1]
+        if returns:
+            nbytes = params * widths.param
+            chain.append(new(copy_op("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
+                                   _bucket_count(nbytes, setup, widths.bucket_h2d),
+                                   superoffload and duplex_bwd), [prev], src.layer, last_mb))
+            if widths.param_gpu_cast:
+                chain.append(new(gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
+        if superoffload:
+            # speculative: the CPU steps right behind each bucket, during backward; the copies
+            # back are queued after backward's own host-to-device traffic
+            cpu_part = [n for n in chain if n.op.resource == "cpu"]
+            for n in cpu_part:
+                rw.insert_after(src.after, n)
+            later.extend(n for n in chain if n.op.resource != "cpu")
+        else:
+            for n in chain:  # tile by tile: each layer's copy leaves while the CPU updates the next
+                rw.append(n)
+    for n in later:
+        rw.append(n)
+
+
+def _grad_bytes_per_run(graph: OpGraph, by_mb) -> dict[tuple[int, int], float]:
+    """Gradient bytes each backward run creates, keyed by (layer, offset in the micro-batch),
+    measured on micro-batch 0 (later ones accumulate into the same tensors)."""
+    out: dict[tuple[int, int], float] = {}
+    runs = by_mb[0][BWD]
+    if not runs:
+        return out
+    base = runs[0].first
+    for run in runs:
+        g = sum(max((graph.ops[i].hbm_by_tag or {}).get("grads", 0.0), 0.0) for i in range(run.first, run.last + 1))
+        if g > 0:
+            out[(run.layer, run.first - base)] = g
+    return out
+
+
+def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready: list[int]) -> None:
+    """Plain PyTorch after backward (validation/harness/train_step.py): every gradient copied to
+    pinned host memory on the compute stream, a sync, torch's AdamW on the CPU, the
+    parameters copied back, a sync. Gradients stay allocated on the GPU (p.grad).
+    `ready`: ops after which every gradient is final (the last reductions, with several GPUs)."""
+    if gpu_params > 0:
+        rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan), ready))
+    if cpu_params <= 0:
+        return
+    tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
+    d2h = rw.append(new(replace(copy_op("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors),
+                                host_waits=True), ready))
+    adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
+    width = facts.gpu_param_width
+    last = adam
+    if width == 2:
+        last = rw.append(new(cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, "opt", True), [adam]))
+    rw.append(new(replace(copy_op("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors),
+                          host_waits=True), [last]))

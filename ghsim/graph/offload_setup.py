@@ -1,0 +1,135 @@
+"""What a plan's offload is, resolved (which state moves, how, who updates what), and the plain
+values the offload rewrite (graph/offload.py) takes: facts of the step, where gradients
+become ready, and what crosses the link (Widths, decided by cost/offload_policy.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ghsim.errors import GhsimError
+from ghsim.graph.optimizer import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
+from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
+
+# DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
+# (deepspeed/runtime/zero/config.py, ZeroConfig.reduce_bucket_size).
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+# SuperOffload sizes buckets to saturate the link: large enough that the per-copy
+# latency costs at most this share of a bucket's transfer time.
+BUCKET_LATENCY_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class OffloadSetup:
+    """The offload a plan asks for, resolved: which state moves, how, and who updates what."""
+
+    schedule: OffloadSchedule  # never AUTO
+    optimizer: bool  # fp32 masters and AdamW states on the host (gradients must reach it)
+    params: bool  # parameters live on the host, fetched per layer
+    activations: bool  # saved activations go to the host in forward
+    cpu_share: float  # fraction of the optimizer work on the CPU (offload_ratio)
+    shard: int  # ranks sharing optimizer state and gradients (ZeRO >= 1): each offloads 1/shard
+    cpu_impl: str  # torch (torch.optim.AdamW on CPU) | deepspeed (vectorized CPU-Adam)
+    pinned: bool
+
+    @property
+    def any(self) -> bool:
+        return self.optimizer or self.params or self.activations
+
+    @property
+    def fsdp_like(self) -> bool:
+        """Parameters offloaded by plain PyTorch: FSDP CPUOffload semantics."""
+        return self.params and self.schedule == OffloadSchedule.SYNC
+
+    @property
+    def streams_gradients(self) -> bool:
+        """Gradients leave for the host as backward produces them (or as their reduction ends),
+        and their GPU copies are freed; otherwise (plain PyTorch optimizer offload) they
+        accumulate on the GPU and are copied down once, after the step's last backward."""
+        return self.optimizer and (self.schedule != OffloadSchedule.SYNC or self.params)
+
+
+def resolve_schedule(plan: Plan) -> OffloadSchedule:
+    """The plan's offload schedule, "auto" resolved: the framework's own (DeepSpeed overlaps, plain PyTorch syncs)."""
+    if plan.offload_schedule == OffloadSchedule.AUTO:
+        return OffloadSchedule.OVERLAPPED if plan.framework == Framework.DEEPSPEED else OffloadSchedule.SYNC
+    return plan.offload_schedule
+
+
+def resolve(plan: Plan) -> OffloadSetup:
+    schedule = resolve_schedule(plan)
+    params = "params" in plan.offload
+    # Gradients must reach the CPU optimizer, and offloaded parameters are updated
+    # where their fp32 masters live (ZeRO-Infinity, FSDP CPUOffload): both imply the rest.
+    optimizer = "optimizer" in plan.offload or "grads" in plan.offload or params
+    return OffloadSetup(
+        schedule=schedule,
+        optimizer=optimizer,
+        params=params,
+        activations="activations" in plan.offload,
+        cpu_share=plan.offload_ratio if optimizer else 0.0,
+        shard=plan.dp if plan.zero >= 1 else 1,
+        cpu_impl=VECTOR_CPU_ADAM if plan.framework == Framework.DEEPSPEED else TORCH_CPU_ADAM,
+        pinned=plan.offload_pinned,
+    )
+
+
+def check_offload(plan: Plan) -> None:
+    """Offload choices that make no sense whatever the hardware: one line each."""
+    setup = resolve(plan)
+    if plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and not setup.optimizer:
+        raise GhsimError("--offload-schedule superoffload schedules the optimizer: add --offload optimizer")
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What the rewrite needs to know about the step it rewrites."""
+
+    trainable: float  # trainable parameters (per GPU, before ZeRO sharding)
+    n_tensors: int
+    saved_per_layer: float  # activation bytes a layer keeps for its backward (recompute: its input)
+    gpu_param_width: int  # bytes per parameter the GPU computes with (fp32 under torch-amp)
+    layer_params: float  # parameters of one decoder layer (all, trainable or not)
+    grad_width: float = 0.0  # bytes per gradient element; 0: from the graph's gradient allocations
+
+
+@dataclass(frozen=True)
+class GradSource:
+    """Gradients ready to leave for the host: after a backward run, or after their reduction."""
+
+    after: int  # index of the op after which they are ready
+    params: float  # parameters they cover, before ZeRO sharding
+    held: float  # HBM bytes their copy down frees
+    key: tuple  # the same piece of the model in every micro-batch
+    layer: int = -1
+    mb: int = 0
+    accumulate: bool = False  # the host adds them to earlier micro-batches' gradients
+    stream: str = "gpu"  # where they are produced (a GPU cast of them is queued there)
+
+
+@dataclass(frozen=True)
+class RankHooks:
+    """What a multi-GPU micro-batch graph tells the rewrite (graph/parallel.py)."""
+
+    grad_sources: tuple[GradSource, ...]  # in backward order
+    gathers: dict[tuple[str, int], int]  # (FWD|BWD, layer) -> the ZeRO-3 all-gather of that layer
+    steps: bool  # the optimizer step follows this graph (the step's last micro-batch)
+    loss: bool  # the graph holds the final norm, LM head and loss
+
+
+@dataclass(frozen=True)
+class Widths:
+    """What crosses the host link and where the casts run (cost/offload_policy.py decides)."""
+
+    grad: int  # bytes per parameter of a gradient on the link
+    param: int  # bytes per parameter of an updated parameter on the link
+    grad_gpu_cast: bool
+    grad_cpu_cast: bool
+    param_cpu_cast: bool
+    param_gpu_cast: bool
+    bucket_d2h: float  # bytes per copy of SuperOffload's link-sized buckets, each direction
+    bucket_h2d: float
+
+
+def saved_bytes_for(plan: Plan, saved: float, x_bytes: float) -> float:
+    """What a layer offloads: its saved activations, or under full recompute its checkpointed input."""
+    return x_bytes if plan.recompute == Recompute.FULL else saved
