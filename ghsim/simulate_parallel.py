@@ -233,7 +233,7 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
         base = len(g)
         for i, op in enumerate(mb.graph.ops):
             if m and loader_s and op.phase == "data" and op.resource == "loader":
-                op = replace(op, seconds=loader_s)
+                op = op.evolve(seconds=loader_s)
             g.ops.append(op)
             g.deps.append(tuple(d + base for d in mb.graph.deps[i]))
             g.layer.append(mb.graph.layer[i])

@@ -23,7 +23,6 @@ instead of the 5as^2b softmax terms; their 34sbh also counts the two
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from ghsim.graph.dtypes import fused_variant
 from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
@@ -172,7 +171,7 @@ class FusedLayer(LayerOps):
         if recompute:  # the context is recomputed and dropped: the projection kept its own input
             self.bmm(f"{name}.pv", B, S, m.head_dim, S, bmm, transient=ctx)
             self.fused_op(f"{name}.context_copy", 2 * ctx, 1, Category.ELEMENTWISE, transient=ctx)
-            self.ops[first:] = [replace(op, phase=Phase.RECOMPUTE) for op in self.ops[first:]]
+            self.ops[first:] = [op.evolve(phase=Phase.RECOMPUTE) for op in self.ops[first:]]
             return
         self.bmm(f"{name}.pv", B, S, m.head_dim, S, bmm, creates={"ctx": ctx})
         self.fused_op(f"{name}.context_copy", 2 * ctx, 1, Category.ELEMENTWISE, creates={"o": ctx}, frees=["ctx"])

@@ -5,7 +5,6 @@ variant). graph/offload.py says what each schedule does and applies them."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from ghsim.graph import ops as K
 from ghsim.graph.offload_ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
@@ -20,10 +19,10 @@ def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd) -> 
     saved = facts.saved_per_layer
     if saved <= 0:
         return
-    d2h = replace(copy_op("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd),
-                  host_alloc=saved, mem_tag="offloaded_activations").with_hbm("activations", -saved)
-    h2d = replace(copy_op("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd),
-                  host_free=saved, mem_tag="offloaded_activations").with_hbm("activations", saved)
+    d2h = copy_op("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd).evolve(
+        (("activations", -saved),), host_alloc=saved, mem_tag="offloaded_activations")
+    h2d = copy_op("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd).evolve(
+        (("activations", saved),), host_free=saved, mem_tag="offloaded_activations")
     for mb, dirs in by_mb.items():
         sent = {}
         for run in dirs[FWD]:
@@ -209,12 +208,12 @@ def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, p
     if cpu_params <= 0:
         return
     tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
-    d2h = rw.append(new(replace(copy_op("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors),
-                                host_waits=True), ready))
+    d2h_op = copy_op("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors)
+    d2h = rw.append(new(d2h_op.evolve(host_waits=True), ready))
     adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
     width = facts.gpu_param_width
     last = adam
     if width == 2:
         last = rw.append(new(cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, "opt", True), [adam]))
-    rw.append(new(replace(copy_op("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors),
-                          host_waits=True), [last]))
+    h2d_op = copy_op("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors)
+    rw.append(new(h2d_op.evolve(host_waits=True), [last]))
