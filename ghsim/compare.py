@@ -17,7 +17,7 @@ from ghsim.graph.ops import KERNEL_CATEGORIES, Category
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
-from ghsim.report import Stall, StepReport
+from ghsim.report.step_report import Stall, StepReport
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "compute": tuple(c for c in KERNEL_CATEGORIES if c != Category.COMMUNICATION),

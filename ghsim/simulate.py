@@ -10,7 +10,7 @@ from ghsim.graph.parallel import check_layout
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Precision, check_plan
-from ghsim.report import StepReport
+from ghsim.report.step_report import StepReport
 from ghsim.simulate_parallel import simulate_parallel
 
 

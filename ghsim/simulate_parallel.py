@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from ghsim.breakdown import OpColumns, Segment, window
+from ghsim.report.breakdown import OpColumns, Segment, window
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.compute import CostModel
 from ghsim.cost.hostlink import HostSide
@@ -60,16 +60,16 @@ from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
 from ghsim.graph.step import loader_seconds
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
-from ghsim.host_summary import per_node
+from ghsim.report.host import per_node
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
 from ghsim.plan_build import GraphKey, PlanBuild, PriceBook, RankPricing
-from ghsim.report import StepReport, Timeline, fit_problems
+from ghsim.report.step_report import StepReport, Timeline, fit_problems
 from ghsim.sim import engine
 from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 from ghsim.sim.pipeline import schedule_pipeline
 from ghsim.sim.unified_memory import unified_memory_use
-from ghsim.step_report import SteppedPlan, assemble
+from ghsim.report.assemble import SteppedPlan, assemble
 
 COMM_STREAMS = ("tp", "dp", "ep")
 

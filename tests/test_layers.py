@@ -20,8 +20,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ghsim"
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Layers above graph/, cost/ and sim/: what runs or presents a simulation, whatever package it lives in.
-ABOVE_SIM = ("ghsim.simulate", "ghsim.report", "ghsim.search", "ghsim.cli", "ghsim.validate", "ghsim.sweep",
-             "ghsim.compare", "ghsim.plots", "ghsim.host_summary")
+ABOVE_SIM = ("ghsim.simulate", "ghsim.plan_build", "ghsim.report", "ghsim.search", "ghsim.cli", "ghsim.validate",
+             "ghsim.compare")
 
 
 def _module_name(path: Path) -> str:

@@ -127,7 +127,7 @@ def test_engine_never_overlaps_ops_on_a_single_server_resource(data):
 @given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 3)), max_size=8), st.floats(-1, 12), st.floats(0, 12))
 def test_coverage_matches_a_direct_count(spans, x, width):
     """window()'s CPU coverage (prefix sums; overlapping intervals merged first) against a plain sweep."""
-    from ghsim.breakdown import Coverage as _Coverage
+    from ghsim.report.breakdown import Coverage as _Coverage
 
     y = x + width
     clipped = sorted((max(s, x), min(s + w, y)) for s, w in spans if min(s + w, y) > max(s, x))

@@ -166,7 +166,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
                     f"(objective {goal.value}): {best.step_time_s:.2f} s/step, {best.hbm_peak_bytes / 1e9:.1f} GB HBM")
             write_text(save_file, plan_to_toml(best.plan, note))
         if trace_file:
-            from ghsim.report import chrome_trace
+            from ghsim.report.step_report import chrome_trace
             from ghsim.simulate import simulate
 
             write_text(trace_file, json.dumps(chrome_trace(simulate(model, hw, best.plan, cal))))

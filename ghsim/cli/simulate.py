@@ -25,7 +25,7 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
     """Simulate one training step and report time, memory and utilization."""
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
-    from ghsim.report import chrome_trace, render_table
+    from ghsim.report.step_report import chrome_trace, render_table
     from ghsim.simulate import simulate as run_simulation
 
     model = load_model(kw["model_name"])
@@ -35,7 +35,7 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
     if trace_file:
         write_text(trace_file, json.dumps(chrome_trace(report)))
     if plot_file:
-        from ghsim.plots import plot_step
+        from ghsim.report.plots import plot_step
 
         plot_step(report, plot_file)
     if as_json:

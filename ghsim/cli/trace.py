@@ -54,7 +54,7 @@ def trace_command(hardware_name: str, steps: str, startup_s: float, output: str,
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.simulate import simulate as run_simulation
-    from ghsim.trace_capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
+    from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
 
     report = run_simulation(load_model(kw["model_name"]), load_hardware(hardware_name), plan_from_flags(kw),
                             keep_timeline=False)

@@ -22,7 +22,7 @@ def validate(folder: str, as_json: bool, plot_file: str | None, no_trace: bool, 
 
     results = run_validation(Path(folder), with_trace=not no_trace, only=only)
     if plot_file:
-        from ghsim.plots import plot_validation
+        from ghsim.report.plots import plot_validation
 
         plot_validation(results, plot_file)
     if as_json:

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ghsim.hardware import GB  # noqa: E402
-from ghsim.plots import save  # noqa: E402
+from ghsim.report.plots import save  # noqa: E402
 from ghsim.search.core import SearchResult  # noqa: E402
 from ghsim.search.explain import pareto_front  # noqa: E402
 from ghsim.search.screen import Status  # noqa: E402

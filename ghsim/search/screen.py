@@ -28,7 +28,7 @@ from ghsim.graph.ops import KERNEL_CATEGORIES, Category
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan
-from ghsim.report import StepReport, model_flops
+from ghsim.report.step_report import StepReport, model_flops
 from ghsim.search.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.simulate import check_fit_to_model, simulate
 from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory, step_time_floor

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ghsim.graph.ops import COPY, CPU, KERNEL_CATEGORIES, UM, Category, Op, Phase, Resource
-from ghsim.report import Stall, Timeline
+from ghsim.report.step_report import Stall, Timeline
 
 HOST_SIDE = (Resource.H2D, Resource.D2H, Resource.CPU)  # offload's copy engines and host cores
 # streams whose ops do not hold up the compute stream's spans: gradient reductions, memory

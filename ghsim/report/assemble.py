@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ghsim.breakdown import Segment
+from ghsim.report.breakdown import Segment
 from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.graph.offload import OffloadSetup, resolve as resolve_offload
@@ -19,10 +19,10 @@ from ghsim.sim.pipeline import PipelineRun
 from ghsim.graph.unified_memory import UnifiedMemoryUse
 from ghsim.sim.unified_memory import resident_peak
 from ghsim.hardware import Hardware
-from ghsim.host_summary import HostTraffic, traffic_section, unified_memory_section
+from ghsim.report.host import HostTraffic, traffic_section, unified_memory_section
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
-from ghsim.report import BREAKDOWN_KEYS, Stall, StepReport, Timeline, fit_problems, mfu_dtype, model_flops, step_fields
+from ghsim.report.step_report import BREAKDOWN_KEYS, Stall, StepReport, Timeline, fit_problems, mfu_dtype, model_flops, step_fields
 from ghsim.sim.memory import TierPeak, hbm_replay
 
 # what a gap on a stage's compute stream waited for, by the segment of the op it waited on

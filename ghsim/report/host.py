@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ghsim.breakdown import HOST_SIDE
+from ghsim.report.breakdown import HOST_SIDE
 from ghsim.graph import ops as K
 from ghsim.graph.offload import OffloadSetup
 from ghsim.graph.ops import Category, Phase
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan
-from ghsim.report import Stall
+from ghsim.report.step_report import Stall
 from ghsim.sim.memory import TierPeak
 
 if TYPE_CHECKING:

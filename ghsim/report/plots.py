@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ghsim.errors import GhsimError  # noqa: E402
 from ghsim.graph.ops import Category, Phase, Resource  # noqa: E402
-from ghsim.report import GiB, StepReport  # noqa: E402
+from ghsim.report.step_report import GiB, StepReport  # noqa: E402
 
 CATEGORY_COLORS = {
     Category.GEMM: "#1f77b4", Category.ATTENTION: "#9467bd", Category.ELEMENTWISE: "#2ca02c",
