@@ -1,0 +1,269 @@
+"""One training-step case run the way a library runs it (issue 14, part 1).
+
+    python3 validation/harness/libraries/lib_step.py --spec '<json>' --out DIR
+
+Spec keys: name, mode (ds | fsdp2 | plain), model (3b | 1b | tiny), mb, seq,
+ckpt (bool), ds (DeepSpeed zero_optimization section, for mode ds), impl
+(plain: foreach | fused; fsdp2: default | foreach | fused), warmup, steps.
+
+Model: Hugging Face LlamaForCausalLM from a LlamaConfig (random weights, no
+download), sdpa attention, tied embeddings as the Llama-3.2 configs have them.
+Step = forward with labels (HF loss) + backward + optimizer step (+ zero_grad),
+then torch.cuda.synchronize(); time with time.perf_counter; median of `steps`
+after `warmup` warm-up steps; then one step under torch.profiler (CPU + CUDA).
+
+Writes DIR/<name>.json (results, effective config) and DIR/<name>.trace.json.gz.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import time
+import traceback
+
+MODELS = {
+    # Llama-3.2-3B / -1B shapes (HF config.json): tied embeddings, vocab 128256, rope_theta 500000
+    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+               num_key_value_heads=8),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8),
+    "tiny": dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                 num_key_value_heads=4),
+}
+
+
+def proc_status(pid="self"):
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmHWM", "VmRSS", "VmLck", "VmPin"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def build_model(spec, torch, dtype, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(spec["seq"], 2048), rope_theta=500000.0,
+                      tie_word_embeddings=True, use_cache=False, attn_implementation="sdpa",
+                      **MODELS[spec["model"]])
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(prev)
+    model.config.use_cache = False
+    if spec.get("ckpt"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, cfg
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    spec = json.loads(a.spec)
+    os.makedirs(a.out, exist_ok=True)
+    res = {"name": spec["name"], "spec": spec, "ok": False}
+    jpath = os.path.join(a.out, spec["name"] + ".json")
+    try:
+        run(spec, res, a.out)
+        res["ok"] = True
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        print(res["traceback"], flush=True)
+    finally:
+        res["host"] = proc_status()
+        res["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        with open(jpath, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        print(json.dumps({k: res.get(k) for k in ("name", "ok", "step_time_s", "peak_allocated_bytes",
+                                                   "error")}, default=str), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # do not wait for DeepSpeed/SuperOffload worker teardown
+
+
+def run(spec, res, outdir):
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    res["torch"] = torch.__version__
+    res["cuda"] = torch.version.cuda
+    res["gpu"] = torch.cuda.get_device_name(0)
+    res["cpu_count"] = os.cpu_count()
+    res["affinity"] = len(os.sched_getaffinity(0))
+    res["torch_threads_at_start"] = torch.get_num_threads()
+    import transformers
+    res["transformers"] = transformers.__version__
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    mb, seq = spec["mb"], spec["seq"]
+    mode = spec["mode"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(0, 128256, (mb, seq), device=dev, generator=g)
+    t_init = time.perf_counter()
+
+    if mode == "ds":
+        import deepspeed
+        res["deepspeed"] = deepspeed.__version__
+        model, cfg = build_model(spec, torch, torch.bfloat16, dev)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": mb,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": 1.0,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                      "weight_decay": 0.1}},
+            "zero_optimization": spec["ds"],
+            "steps_per_print": 10 ** 9,
+            "wall_clock_breakdown": False,
+        }
+        res["ds_config"] = ds_config
+        engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                 config=ds_config)
+        res["ds_optimizer"] = type(opt).__name__
+        inner = getattr(opt, "optimizer", None)
+        res["ds_inner_optimizer"] = type(inner).__name__ if inner is not None else None
+        try:
+            res["ds_zero_config_effective"] = json.loads(engine._config.zero_config.model_dump_json())
+        except Exception as e:  # noqa: BLE001
+            res["ds_zero_config_effective"] = repr(e)
+
+        def step():
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            return loss
+    elif mode == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+        model, cfg = build_model(spec, torch, torch.float32, dev)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        off = CPUOffloadPolicy(pin_memory=spec.get("pin", True))
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp, offload_policy=off)
+        fully_shard(model, mp_policy=mp, offload_policy=off)
+        torch.cuda.empty_cache()
+        kw = {}
+        if spec.get("impl") in ("foreach", "fused"):
+            kw[spec["impl"]] = True
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, **kw)
+        res["fsdp2"] = {"mp_policy": "param bf16, reduce fp32", "offload_policy": repr(off),
+                        "optimizer_kwargs": kw, "param_device": str(next(model.parameters()).device),
+                        "param_dtype": str(next(model.parameters()).dtype)}
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+    elif mode == "plain":
+        # bf16 weights on the GPU, fp32 master weights + AdamW on the CPU (pinned)
+        model, cfg = build_model(spec, torch, torch.bfloat16, dev)
+        params = [p for p in model.parameters() if p.requires_grad]
+        masters = []
+        for p in params:
+            m = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+            m.copy_(p.detach())
+            m.grad = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
+            masters.append(m)
+        impl = spec.get("impl", "foreach")
+        opt = torch.optim.AdamW(masters, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, **{impl: True})
+        res["plain"] = {"gpu_params": "bf16", "master": "fp32 pinned CPU", "optimizer": f"AdamW({impl}=True) on CPU",
+                        "grad_path": "per-tensor bf16 GPU grad -> fp32 pinned CPU .copy_(non_blocking)",
+                        "param_path": "per-tensor fp32 pinned CPU -> bf16 GPU .copy_(non_blocking)"}
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            for p, m in zip(params, masters):
+                m.grad.copy_(p.grad, non_blocking=True)
+            torch.cuda.synchronize()
+            for p in params:
+                p.grad = None
+            opt.step()
+            with torch.no_grad():
+                for p, m in zip(params, masters):
+                    p.copy_(m, non_blocking=True)
+            return loss
+    else:
+        raise ValueError(mode)
+
+    res["n_params"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
+    res["init_s"] = time.perf_counter() - t_init
+    res["torch_threads"] = torch.get_num_threads()
+    res["affinity_after_init"] = len(os.sched_getaffinity(0))
+    res["mem_after_init"] = {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+                             "host": proc_status()}
+    torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for i in range(spec.get("warmup", 3) + spec.get("steps", 5)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = step()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        losses.append(float(loss.detach()))
+        if i >= spec.get("warmup", 3):
+            times.append(dt)
+        print(f"  step {i} {dt:.3f}s loss {losses[-1]:.3f}", flush=True)
+    res["step_times_s"] = times
+    res["step_time_s"] = statistics.median(times)
+    res["losses"] = losses
+    res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    res["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    res["tokens_per_s"] = mb * seq / res["step_time_s"]
+    try:
+        res["host_memory_stats"] = {k: v for k, v in torch.cuda.host_memory_stats().items()
+                                    if k.startswith(("allocated_bytes.current", "allocated_bytes.peak",
+                                                     "reserved_bytes.current", "reserved_bytes.peak",
+                                                     "allocations.current"))}
+    except Exception as e:  # noqa: BLE001
+        res["host_memory_stats"] = repr(e)
+    res["host_after_steps"] = proc_status()
+    try:
+        import psutil
+        kids = psutil.Process().children(recursive=True)
+        res["children"] = [{"pid": k.pid, "cmd": " ".join(k.cmdline()[:3])[:200], **proc_status(k.pid)}
+                           for k in kids]
+    except Exception as e:  # noqa: BLE001
+        res["children"] = repr(e)
+    with open(os.path.join(outdir, spec["name"] + ".json.partial"), "w") as f:
+        json.dump(res, f, default=str)
+    if spec.get("profile", True):
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            res["profiled_step_s"] = time.perf_counter() - t0
+        tmp = f"/tmp/{spec['name']}.trace.json"
+        prof.export_chrome_trace(tmp)
+        with open(tmp, "rb") as fi, gzip.open(os.path.join(outdir, spec["name"] + ".trace.json.gz"), "wb",
+                                              compresslevel=6) as fo:
+            shutil.copyfileobj(fi, fo)
+        os.remove(tmp)
+        res["trace"] = spec["name"] + ".trace.json.gz"
+    os.remove(os.path.join(outdir, spec["name"] + ".json.partial"))
+
+
+if __name__ == "__main__":
+    main()
