@@ -236,12 +236,13 @@ class _RankGraph:
         self.pending: tuple[int, ...] = ()
 
     def add(self, op: Op, then_wait: bool = False) -> int:
+        deps = op.deps
         if self.pending:
-            op = op.evolve(deps=tuple(sorted(set(op.deps + self.pending))))
-        elif len(op.deps) > 1:  # deps as a sorted set, as every op added here has them
-            op = op.evolve(deps=tuple(sorted(set(op.deps))))
+            deps = tuple(sorted(set(deps + self.pending)))
+        elif len(deps) > 1:  # deps as a sorted set, as every op added here has them
+            deps = tuple(sorted(set(deps)))
         self.pending = ()
-        i = self.g.add(op)
+        i = self.g.add(op, deps=deps)  # the graph keeps the deps: the op is not copied
         if then_wait:
             self.pending = (i,)
         return i
@@ -371,7 +372,7 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     gathers: dict[int, int] = {}
     gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
 
-    # every layer's gather and release are alike: built once per phase (a gather's deps differ)
+    # every layer's gather and release are alike: built once per phase (the graph keeps their deps)
     gather_ops = {phase: _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, phase).with_hbm(
         "gathered_params", cp.layer_bytes) for phase in ("fwd", "bwd")} if zero == 3 else {}
     release_ops = {phase: _marker("zero3.release", phase).evolve(
@@ -379,10 +380,8 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
                                                   else [])) for phase in ("fwd", "bwd")} if zero == 3 else {}
 
     def zero3_gather(layer: int, after: int | None, phase: str) -> None:
-        op = gather_ops[phase]
-        if after is not None and after >= 0:
-            op = op.evolve(deps=(after,))
-        gathers[layer] = gathered[(phase, layer)] = rg.g.add(op)
+        deps = (after,) if after is not None and after >= 0 else ()
+        gathers[layer] = gathered[(phase, layer)] = rg.g.add(gather_ops[phase], deps=deps)  # one shared op
 
     def zero3_release(phase: str) -> None:
         rg.g.add(release_ops[phase])
