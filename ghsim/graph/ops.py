@@ -202,7 +202,8 @@ class OpGraph:
         base = len(self.ops)
         n = len(template)
         self.ops.extend(template)
-        self.deps.extend(tuple(d + base for d in op.deps) if op.deps else () for op in template)
+        shift = base.__add__  # (map with a bound method: this runs for every op of every layer)
+        self.deps.extend([tuple(map(shift, op.deps)) if op.deps else () for op in template])
         self.layer.extend([layer] * n)
         self.microbatch.extend([microbatch] * n)
         return base, base + n - 1
