@@ -547,5 +547,11 @@ class _MicrobatchBuilder:
             nbytes = cp.params * StateBytes.of(plan).params
             g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes, "opt",
                         calls=max(1, math.ceil(nbytes / self.bucket - 1e-9)), deps=tuple(after)))
-        saved = sum(op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in g.ops[:fwd_last + 1])
-        return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, saved)
+        return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, _saved_bytes(g.ops[:fwd_last + 1]))
+
+
+def _saved_bytes(forward: list[Op]) -> float:
+    """HBM the forward leaves allocated, less gradients: each distinct op's change worked out
+    once (replicated layers share op objects, compared by identity), summed in issue order."""
+    change = {op: op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in dict.fromkeys(forward)}
+    return sum(map(change.__getitem__, forward))
