@@ -229,15 +229,19 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
     `loader_s` seconds on its own in-order resource."""
     g = OpGraph()
     base = 0
+    loaders: dict[int, list[int]] = {}  # where each micro-batch graph (most are one object) loads its batch
     for m, mb in enumerate(mbs):
-        base = len(g)
-        for i, op in enumerate(mb.graph.ops):
-            if m and loader_s and op.phase == "data" and op.resource == "loader":
-                op = op.evolve(seconds=loader_s)
-            g.ops.append(op)
-            g.deps.append(tuple(d + base for d in mb.graph.deps[i]))
-            g.layer.append(mb.graph.layer[i])
-            g.microbatch.append(m)
+        base, src = len(g), mb.graph
+        g.ops.extend(src.ops)
+        if m and loader_s:
+            if id(src) not in loaders:
+                loaders[id(src)] = [i for i, op in enumerate(src.ops) if op.phase == "data" and op.resource == "loader"]
+            for i in loaders[id(src)]:
+                g.ops[base + i] = src.ops[i].evolve(seconds=loader_s)
+        shift = base.__add__  # (map with a bound method: the deps of every op of the step)
+        g.deps.extend([tuple(map(shift, deps)) for deps in src.deps])
+        g.layer.extend(src.layer)
+        g.microbatch.extend([m] * len(src.ops))
     last = mbs[-1]
     return replace(last, graph=g, fwd_last=base + last.fwd_last, bwd_last=base + last.bwd_last,
                    tail_first=base + last.tail_first)

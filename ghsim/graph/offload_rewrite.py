@@ -5,15 +5,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
+from typing import NamedTuple
+
+import numpy as np
 
 from ghsim.graph.ops import Op, OpGraph
 
 FWD, BWD = "fwd", "bwd"
 
 
-@dataclass(frozen=True)
-class Run:
-    """Consecutive ops of one micro-batch, one layer (-1: embedding or loss), one direction."""
+class Run(NamedTuple):
+    """Consecutive ops of one micro-batch, one layer (-1: embedding or loss), one direction.
+    A NamedTuple, as Op (graph/ops.py): a frozen dataclass's __init__ is 4x slower, and a plan
+    search finds hundreds of thousands of runs."""
 
     first: int
     last: int
@@ -22,20 +28,24 @@ class Run:
     direction: str  # FWD | BWD
 
 
+_DIRECTIONS = (None, FWD, BWD)
+_DIRECTION_CODE = {"fwd": 1, "bwd": 2, "recompute": 2}  # by phase (Phase members hash as their values)
+
+
 def find_runs(graph: OpGraph) -> list[Run]:
-    runs: list[Run] = []
-    start = None
-    key = None
-    for i, op in enumerate(graph.ops):
-        direction = FWD if op.phase == "fwd" else BWD if op.phase in ("bwd", "recompute") else None
-        k = (graph.microbatch[i], graph.layer[i], direction) if direction else None
-        if k != key:
-            if key is not None:
-                runs.append(Run(start, i - 1, key[0], key[1], key[2]))
-            start, key = i, k
-    if key is not None:
-        runs.append(Run(start, len(graph.ops) - 1, key[0], key[1], key[2]))
-    return runs
+    """The graph's runs, in order (ops of no direction belong to none). Boundaries found with
+    numpy: graphs have tens of thousands of ops, and the plan search rewrites hundreds of graphs."""
+    n = len(graph.ops)
+    if not n:
+        return []
+    mb, layer = np.array(graph.microbatch), np.array(graph.layer)
+    direction = np.fromiter(map(_DIRECTION_CODE.get, map(attrgetter("phase"), graph.ops), repeat(0)), np.int8, n)
+    changes = (mb[1:] != mb[:-1]) | (layer[1:] != layer[:-1]) | (direction[1:] != direction[:-1])
+    firsts = [0, *(np.flatnonzero(changes) + 1).tolist()]
+    direction = direction.tolist()
+    lasts = [f - 1 for f in firsts[1:]] + [n - 1]
+    return [Run(first, last, graph.microbatch[first], graph.layer[first], _DIRECTIONS[direction[first]])
+            for first, last in zip(firsts, lasts) if direction[first]]
 
 
 @dataclass(eq=False)
@@ -78,28 +88,8 @@ class Rewriter:
     def build(self) -> OpGraph:
         old, g = self.old, OpGraph()
         n = len(old.ops)
-        # where every old op lands: shifted by the insertions before it (one pass over the
-        # insertion points, not over the ops: graphs have tens of thousands of ops)
-        mapping = [0] * n
-        placed: list[tuple[int, New]] = []
-        prev = offset = 0
-        for p in sorted(set(self.before) | set(self.after)):
-            mapping[prev:p] = range(prev + offset, p + offset)
-            for k, new in enumerate(self.before.get(p, ())):
-                new.index = p + offset + k
-                placed.append((new.index, new))
-            offset += len(self.before.get(p, ()))
-            mapping[p] = p + offset
-            for k, new in enumerate(self.after.get(p, ())):
-                new.index = p + offset + 1 + k
-                placed.append((new.index, new))
-            offset += len(self.after.get(p, ()))
-            prev = p + 1
-        mapping[prev:n] = range(prev + offset, n + offset)
-        total = n + offset + len(self.tail)
-        for k, new in enumerate(self.tail):
-            new.index = n + offset + k
-            placed.append((new.index, new))
+        mapping, placed, moves = self._placements(n)
+        total = n + len(placed)
 
         def ref(d, at: int) -> int:
             i = d.index if isinstance(d, New) else mapping[d]
@@ -111,11 +101,11 @@ class Rewriter:
         g.ops, g.deps = [None] * total, [()] * total  # type: ignore[list-item]
         g.layer, g.microbatch = [-1] * total, [0] * total
         at = mapping.__getitem__
-        for i in range(n):
-            j = mapping[i]
-            g.ops[j], g.layer[j], g.microbatch[j] = old.ops[i], old.layer[i], old.microbatch[i]
-            deps = old.deps[i]
-            g.deps[j] = tuple(map(at, deps)) if deps else ()
+        deps = [tuple(map(at, d)) if d else () for d in old.deps]
+        # the old ops keep their order: each stretch between insertions moves as one slice
+        for lo, hi, to in moves:
+            g.ops[to:to + hi - lo], g.deps[to:to + hi - lo] = old.ops[lo:hi], deps[lo:hi]
+            g.layer[to:to + hi - lo], g.microbatch[to:to + hi - lo] = old.layer[lo:hi], old.microbatch[lo:hi]
         for i, extra in self.extra_deps.items():
             j = mapping[i]
             g.deps[j] = tuple(sorted(set(g.deps[j]) | {ref(d, j) for d in extra}))
@@ -124,3 +114,36 @@ class Rewriter:
             g.deps[j] = tuple(sorted({ref(d, j) for d in new.deps}))
         self.mapping = mapping
         return g
+
+    def _placements(self, n: int) -> tuple[list[int], list[tuple[int, New]], list[tuple[int, int, int]]]:
+        """Where every old op lands (shifted by the insertions before it), where each new op goes
+        (setting its index), and the stretches of old ops that move together (old [lo, hi) to
+        new `to`). One pass over the insertion points, not over the ops."""
+        mapping = [0] * n
+        placed: list[tuple[int, New]] = []
+        moves: list[tuple[int, int, int]] = []
+        prev = offset = 0
+        for p in sorted(set(self.before) | set(self.after)):
+            before, after = self.before.get(p, ()), self.after.get(p, ())
+            if before:
+                moves.append((prev, p, prev + offset))
+                mapping[prev:p] = range(prev + offset, p + offset)
+                for k, new in enumerate(before):
+                    new.index = p + offset + k
+                    placed.append((new.index, new))
+                offset += len(before)
+                prev = p
+            if after:
+                moves.append((prev, p + 1, prev + offset))
+                mapping[prev:p + 1] = range(prev + offset, p + 1 + offset)
+                for k, new in enumerate(after):
+                    new.index = p + offset + 1 + k
+                    placed.append((new.index, new))
+                offset += len(after)
+                prev = p + 1
+        moves.append((prev, n, prev + offset))
+        mapping[prev:n] = range(prev + offset, n + offset)
+        for k, new in enumerate(self.tail):
+            new.index = n + offset + k
+            placed.append((new.index, new))
+        return mapping, placed, moves

@@ -10,7 +10,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.offload_ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload_rewrite import BWD, FWD, New
 from ghsim.graph.offload_setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
-from ghsim.graph.ops import OpGraph
+from ghsim.graph.ops import Op, OpGraph
 from ghsim.plan import OffloadSchedule
 
 
@@ -103,15 +103,7 @@ def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_widt
     `steps`: the optimizer follows (else only the gradients leave, to be accumulated on the host)."""
     sched = setup.schedule
     P = facts.trainable
-
-    # The CPU takes the first cpu_share of the gradients in backward order (whole pieces);
-    # the GPU keeps the tail, with its optimizer states (SuperOffload's tail buckets).
-    target, taken, on_cpu = setup.cpu_share * P, 0.0, set()
-    first_mb = min((s.mb for s in sources), default=0)
-    for src in sources:
-        if src.mb == first_mb and src.params > 0 and taken + src.params <= target * (1 + 1e-9):
-            on_cpu.add(src.key)
-            taken += src.params
+    on_cpu, taken = _cpu_pieces(sources, setup.cpu_share * P)
     cpu_params, gpu_params = taken / setup.shard, (P - taken) / setup.shard
     last_mb = max((s.mb for s in sources), default=0)
     ready = sorted({s.after for s in sources if s.mb == last_mb})  # every gradient of the step is reduced
@@ -120,9 +112,45 @@ def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_widt
         if steps:
             _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, plan, ready)
         return
-    superoffload = sched == OffloadSchedule.SUPEROFFLOAD
-    main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
-    arrivals: list[tuple[New, float, GradSource]] = []  # each piece's last op on its way to the host
+    # alike pieces (every layer's) share their op objects, priced once; only ops without tagged
+    # HBM changes are shared, so that the memory breakdown adds the same numbers in the same order
+    alike: dict[tuple, Op] = {}
+    arrivals = _grads_to_host(rw, sources, on_cpu, setup, new, widths, duplex_bwd, last_mb, alike)
+    if not steps:
+        return
+    if gpu_params > 0:  # the GPU's share, after backward (and its gradients' reduction), on the compute stream
+        tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
+        kept = [s.after for s in sources if s.mb == last_mb and s.key not in on_cpu]
+        rw.append(new(_gpu_adam(gpu_params, tensors, plan), kept))
+    _host_steps(rw, arrivals, setup, new, widths, duplex_bwd, last_mb, alike)
+
+
+def _cpu_pieces(sources: list[GradSource], target: float) -> tuple[set, float]:
+    """The CPU takes the first `target` parameters' gradients in backward order (whole pieces);
+    the GPU keeps the tail, with its optimizer states (SuperOffload's tail buckets). Returns the
+    keys of the CPU's pieces and their parameters."""
+    taken, on_cpu = 0.0, set()
+    first_mb = min((s.mb for s in sources), default=0)
+    for src in sources:
+        if src.mb == first_mb and src.params > 0 and taken + src.params <= target * (1 + 1e-9):
+            on_cpu.add(src.key)
+            taken += src.params
+    return on_cpu, taken
+
+
+def _shared(alike: dict[tuple, Op], key: tuple, make) -> Op:
+    """The op `make()` builds, built once per `key` in one rewrite."""
+    op = alike.get(key)
+    if op is None:
+        op = alike[key] = make()
+    return op
+
+
+def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, last_mb: int,
+                   alike: dict[tuple, Op]) -> list[tuple[New, float, GradSource]]:
+    """Each CPU piece's gradients down to the host (cast on the GPU or the CPU, accumulated on the
+    host after the first micro-batch); returns each last-micro-batch piece's last op on its way."""
+    arrivals: list[tuple[New, float, GradSource]] = []
     for src in sources:
         if src.key not in on_cpu:
             continue
@@ -130,45 +158,55 @@ def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_widt
         at, mb, layer = src.after, src.mb, src.layer
         deps: list = [at]
         if widths.grad_gpu_cast:
-            deps = [rw.insert_after(at, new(gpu_cast("grads.cast_fp32", params, "bwd", src.stream), deps, layer, mb))]
+            cast = _shared(alike, ("grads.cast_fp32", params, src.stream),
+                           lambda: gpu_cast("grads.cast_fp32", params, "bwd", src.stream))
+            deps = [rw.insert_after(at, new(cast, deps, layer, mb))]
         nbytes = params * widths.grad
-        d2h = copy_op("grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h",
-                    _bucket_count(nbytes, setup, widths.bucket_d2h), duplex_bwd)
+        d2h = _shared(alike, ("grads.d2h", nbytes), lambda: copy_op(
+            "grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h", _bucket_count(nbytes, setup, widths.bucket_d2h),
+            duplex_bwd))
         if src.held > 0:  # the GPU gradient is freed once it has left
             d2h = d2h.with_hbm("grads", -src.held)
         last = rw.insert_after(at, new(d2h, deps, layer, mb))
         if widths.grad_cpu_cast:
-            last = rw.insert_after(at, new(cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False),
-                                           [last], layer, mb))
+            cast = _shared(alike, ("grads.cast_fp32.cpu", params),
+                           lambda: cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False))
+            last = rw.insert_after(at, new(cast, [last], layer, mb))
         if src.accumulate:  # accumulate into the fp32 host gradient: read both, write one
-            last = rw.insert_after(at, new(cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False),
-                                           [last], layer, mb))
+            add = _shared(alike, ("grads.accumulate.cpu", params),
+                          lambda: cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False))
+            last = rw.insert_after(at, new(add, [last], layer, mb))
         if mb == last_mb:
             arrivals.append((last, params, src))
-    if not steps:
-        return
-    if gpu_params > 0:  # the GPU's share, after backward (and its gradients' reduction), on the compute stream
-        tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
-        kept = [s.after for s in sources if s.mb == last_mb and s.key not in on_cpu]
-        rw.append(new(_gpu_adam(gpu_params, tensors, plan), kept))
+    return arrivals
+
+
+def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: int, alike: dict[tuple, Op]) -> None:
+    """The CPU's AdamW on each piece that arrived, its cast, and the updated parameters back."""
+    superoffload = setup.schedule == OffloadSchedule.SUPEROFFLOAD
+    main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
     returns = not setup.params  # else the next step fetches the updated parameters
     barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
     prev = None
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        chain = [new(cpu_adam("cpu_adamw", params, setup, main_thread), deps, src.layer, last_mb)]
+        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread))
+        chain = [new(adam, deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
-            chain.append(new(cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread), [chain[-1]],
-                             src.layer, last_mb))
+            cast = _shared(alike, ("params.cast_bf16.cpu", params),
+                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread))
+            chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
         if returns:
             nbytes = params * widths.param
-            chain.append(new(copy_op("params.h2d", K.H2D, nbytes, "opt", setup, "h2d",
-                                   _bucket_count(nbytes, setup, widths.bucket_h2d),
-                                   superoffload and duplex_bwd), [prev], src.layer, last_mb))
+            h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
+                "params.h2d", K.H2D, nbytes, "opt", setup, "h2d", _bucket_count(nbytes, setup, widths.bucket_h2d),
+                superoffload and duplex_bwd))
+            chain.append(new(h2d, [prev], src.layer, last_mb))
             if widths.param_gpu_cast:
-                chain.append(new(gpu_cast("params.cast_bf16", params, "opt"), [chain[-1]], src.layer, last_mb))
+                cast = _shared(alike, ("params.cast_bf16", params), lambda: gpu_cast("params.cast_bf16", params, "opt"))
+                chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         if superoffload:
             # speculative: the CPU steps right behind each bucket, during backward; the copies
             # back are queued after backward's own host-to-device traffic

@@ -184,13 +184,15 @@ class OpGraph:
         self.layer: list[int] = []
         self.microbatch: list[int] = []
 
-    def add(self, op: Op, layer: int = -1, microbatch: int = 0) -> int:
-        """Append one op whose deps are absolute indices; returns its index."""
-        for d in op.deps:
+    def add(self, op: Op, layer: int = -1, microbatch: int = 0, deps: tuple[int, ...] | None = None) -> int:
+        """Append one op whose deps are absolute indices; returns its index. `deps`, if given,
+        replace the op's own: an op shared by several places of the graph stays one object."""
+        deps = op.deps if deps is None else deps
+        for d in deps:
             if not 0 <= d < len(self.ops):
                 raise ValueError(f"op {op.name} depends on {d}, which is not issued before it")
         self.ops.append(op)
-        self.deps.append(op.deps)
+        self.deps.append(deps)
         self.layer.append(layer)
         self.microbatch.append(microbatch)
         return len(self.ops) - 1
@@ -200,7 +202,8 @@ class OpGraph:
         base = len(self.ops)
         n = len(template)
         self.ops.extend(template)
-        self.deps.extend(tuple(d + base for d in op.deps) if op.deps else () for op in template)
+        shift = base.__add__  # (map with a bound method: this runs for every op of every layer)
+        self.deps.extend([tuple(map(shift, op.deps)) if op.deps else () for op in template])
         self.layer.extend([layer] * n)
         self.microbatch.extend([microbatch] * n)
         return base, base + n - 1

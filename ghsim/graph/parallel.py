@@ -236,12 +236,13 @@ class _RankGraph:
         self.pending: tuple[int, ...] = ()
 
     def add(self, op: Op, then_wait: bool = False) -> int:
+        deps = op.deps
         if self.pending:
-            op = op.evolve(deps=tuple(sorted(set(op.deps + self.pending))))
-        elif len(op.deps) > 1:  # deps as a sorted set, as every op added here has them
-            op = op.evolve(deps=tuple(sorted(set(op.deps))))
+            deps = tuple(sorted(set(deps + self.pending)))
+        elif len(deps) > 1:  # deps as a sorted set, as every op added here has them
+            deps = tuple(sorted(set(deps)))
         self.pending = ()
-        i = self.g.add(op)
+        i = self.g.add(op, deps=deps)  # the graph keeps the deps: the op is not copied
         if then_wait:
             self.pending = (i,)
         return i
@@ -309,206 +310,248 @@ def build_microbatch(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
     what crosses the host link (cost/offload_policy.py), needed when the optimizer is
     offloaded. Nothing here is priced: the simulator prices the graph's ops.
     """
-    local = rank_shard(model, layout)
-    split = layout.split()
-    dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
-    offload = resolve_offload(plan)
-    t = templates or layer_templates(local, plan, split)
-    fwd, bwd, cache_bytes, saved_per_layer = t.fwd, t.bwd, t.cache_bytes, t.saved_per_layer
-    # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
-    # weights are gathered per layer and their copies go with the gathered buffer
-    zero3_cache = cache_bytes if (plan.zero >= 3 and layout.dp > 1) else 0.0
-    cache_bytes -= zero3_cache
-    loss_fwd, loss_bwd = (t.loss_fwd, t.loss_bwd) if chunk.last else ((), ())
-    emb_fwd, emb_bwd = (t.emb_fwd, t.emb_bwd) if chunk.first else ((), ())
-    cp = chunk_params(model, plan, layout, chunk)
-    dt = Dtypes.of(plan)
-    T, h = plan.micro_batch * plan.seq, model.hidden_size
-    tp_bytes = T * h * dt.residual
-    reduce_every_microbatch = zero >= 2  # ZeRO-2/3 and FSDP keep only gradient shards
-    reducing = dp > 1 and (final or reduce_every_microbatch)
-    layer_grads = _grad_bytes(bwd)
-    bucket = bucket_bytes(plan, layer_grads)
-    grad_kind = ALL_REDUCE if zero == 0 else REDUCE_SCATTER
-    gather_kind = ALL_GATHER
-    # offloaded gradients leave as they are reduced (ZeRO-2/3: every micro-batch; ZeRO-0/1: the last),
-    # or with one data-parallel rank as backward makes them; the host accumulates them
-    streams = offload.streams_gradients
-    per_microbatch = streams and (dp == 1 or zero >= 2)
-    accumulate = plan.grad_accum > 1 and (not final or per_microbatch)  # a non-first micro-batch's
+    b = _MicrobatchBuilder(model, plan, layout, chunk, final, templates)
+    fwd_last = b.forward()
+    bwd_last, tail_first = b.backward()
+    return b.finish(widths, fwd_last, bwd_last, tail_first)
 
-    rg = _RankGraph()
-    L = chunk.layers
 
-    def tp_collective(name: str, kind: str, nbytes: float, phase: str) -> None:
-        if layout.tp > 1:
+class _MicrobatchBuilder:
+    """build_microbatch() in parts: the facts every part reads, then the forward, the backward
+    and the tail (optimizer, offload, parameter all-gather), appending to one _RankGraph."""
+
+    def __init__(self, model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk, final: bool,
+                 templates: LayerTemplates | None) -> None:
+        self.model, self.plan, self.layout, self.chunk, self.final = model, plan, layout, chunk, final
+        self.local = local = rank_shard(model, layout)
+        self.split = split = layout.split()
+        self.dp, self.zero = dp, zero = layout.dp, (plan.zero if layout.dp > 1 else 0)
+        self.offload = offload = resolve_offload(plan)
+        self.t = t = templates or layer_templates(local, plan, split)
+        # autocast caches its bf16 copy of each weight until the forward ends; under ZeRO-3 the
+        # weights are gathered per layer and their copies go with the gathered buffer
+        self.zero3_cache = t.cache_bytes if (plan.zero >= 3 and layout.dp > 1) else 0.0
+        self.cache_bytes = t.cache_bytes - self.zero3_cache
+        self.loss_fwd, self.loss_bwd = (t.loss_fwd, t.loss_bwd) if chunk.last else ((), ())
+        self.emb_fwd, self.emb_bwd = (t.emb_fwd, t.emb_bwd) if chunk.first else ((), ())
+        self.cp = chunk_params(model, plan, layout, chunk)
+        self.dt = dt = Dtypes.of(plan)
+        T, h = plan.micro_batch * plan.seq, model.hidden_size
+        self.T = T
+        self.tp_bytes = T * h * dt.residual
+        reduce_every_microbatch = zero >= 2  # ZeRO-2/3 and FSDP keep only gradient shards
+        self.reducing = dp > 1 and (final or reduce_every_microbatch)
+        self.layer_grads = _grad_bytes(t.bwd)
+        self.bucket = bucket_bytes(plan, self.layer_grads)
+        self.grad_kind = ALL_REDUCE if zero == 0 else REDUCE_SCATTER
+        # offloaded gradients leave as they are reduced (ZeRO-2/3: every micro-batch; ZeRO-0/1: the last),
+        # or with one data-parallel rank as backward makes them; the host accumulates them
+        self.streams = offload.streams_gradients
+        self.per_microbatch = self.streams and (dp == 1 or zero >= 2)
+        self.accumulate = plan.grad_accum > 1 and (not final or self.per_microbatch)  # a non-first micro-batch's
+        self.rg = _RankGraph()
+        self.sp = sp = split.sequence_parallel
+        Tn = T // layout.tp if sp else T
+        self.x_bytes = Tn * h * dt.residual  # a chunk's input and output (the residual stream)
+        self.g_bytes = Tn * h * (4 if dt.autocast_casts else dt.residual)  # and their gradients
+        self.emb_grads, self.loss_grads = _grad_bytes(self.emb_bwd), _grad_bytes(self.loss_bwd)
+        self.lazy_shards = zero >= 2 and not persistent_grad_shards(plan, dp)
+        self.earlier = final and plan.grad_accum > 1  # memory replay: earlier micro-batches left gradients behind
+        self.fresh_grads = not self.earlier or zero >= 2 or self.per_microbatch
+        # a later micro-batch's backward adds into the accumulated gradients: it allocates none
+        self.acc = accumulating if not self.fresh_grads else (lambda template: template)
+        self.gathers: dict[int, int] = {}
+        self.gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
+        self.sources: list[GradSource] = []  # where gradients are ready to leave for the host, in backward order
+        self.last_dp = -1
+        self.pending_grads = self.pending_params = 0.0
+        self._zero3_ops()
+
+    def _zero3_ops(self) -> None:
+        """Every layer's gather and release are alike: built once per phase (the graph keeps their deps)."""
+        cp, zero3_cache = self.cp, self.zero3_cache
+        self.gather_ops = {phase: _comm("zero3.all_gather", ALL_GATHER, "dp", cp.layer_bytes, phase).with_hbm(
+            "gathered_params", cp.layer_bytes) for phase in ("fwd", "bwd")} if self.zero == 3 else {}
+        self.release_ops = {phase: _marker("zero3.release", phase).evolve(
+            [("gathered_params", -cp.layer_bytes)]
+            + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == "fwd" else []))
+            for phase in ("fwd", "bwd")} if self.zero == 3 else {}
+
+    def tp_collective(self, name: str, kind: str, nbytes: float, phase: str) -> None:
+        rg = self.rg
+        if self.layout.tp > 1:
             rg.add(_comm(name, kind, "tp", nbytes, phase, deps=(rg.last,) if len(rg.g) else ()), then_wait=True)
 
-    sp = split.sequence_parallel
-    Tn = T // layout.tp if sp else T
-    x_bytes = Tn * h * dt.residual  # a chunk's input and output (the residual stream)
-    g_bytes = Tn * h * (4 if dt.autocast_casts else dt.residual)  # and their gradients
-    emb_grads, loss_grads = _grad_bytes(emb_bwd), _grad_bytes(loss_bwd)
-    all_grads = layer_grads * L + emb_grads + loss_grads
-    lazy_shards = zero >= 2 and not persistent_grad_shards(plan, dp)
-    earlier = final and plan.grad_accum > 1  # memory replay: earlier micro-batches left gradients behind
-    fresh_grads = not earlier or zero >= 2 or per_microbatch
-    # a later micro-batch's backward adds into the accumulated gradients: it allocates none
-    acc = accumulating if not fresh_grads else (lambda template: template)
-    if not fresh_grads:  # the full gradients, accumulated
-        rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads))
-    elif earlier and lazy_shards and not streams:  # the gradient shards, accumulated
-        rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads / dp))
-    # --- forward -------------------------------------------------------------------------
-    if emb_fwd:
-        data = input_ops(plan)  # the micro-batch's tokens, from the host's data loader
-        if data:
-            rg.extend(data)
-        rg.extend(emb_fwd)
-        tp_collective("embedding.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE, tp_bytes, "fwd")
-    else:
-        rg.g.add(_marker("input.received", "fwd").with_hbm("activations", x_bytes))
-    gathers: dict[int, int] = {}
-    gathered: dict[tuple[str, int], int] = {}  # (phase, layer) -> its all-gather, for offloaded shards
+    def zero3_gather(self, layer: int, after: int | None, phase: str) -> None:
+        deps = (after,) if after is not None and after >= 0 else ()
+        self.gathers[layer] = self.gathered[(phase, layer)] = self.rg.g.add(self.gather_ops[phase], deps=deps)
 
-    # every layer's gather and release are alike: built once per phase (a gather's deps differ)
-    gather_ops = {phase: _comm("zero3.all_gather", gather_kind, "dp", cp.layer_bytes, phase).with_hbm(
-        "gathered_params", cp.layer_bytes) for phase in ("fwd", "bwd")} if zero == 3 else {}
-    release_ops = {phase: _marker("zero3.release", phase).evolve(
-        [("gathered_params", -cp.layer_bytes)] + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == "fwd"
-                                                  else [])) for phase in ("fwd", "bwd")} if zero == 3 else {}
+    def forward(self) -> int:
+        """The chunk's forward (after the gradients earlier micro-batches left); returns its last op."""
+        rg, plan, zero, dp = self.rg, self.plan, self.zero, self.dp
+        L = self.chunk.layers
+        all_grads = self.layer_grads * L + self.emb_grads + self.loss_grads
+        if not self.fresh_grads:  # the full gradients, accumulated
+            rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads))
+        elif self.earlier and self.lazy_shards and not self.streams:  # the gradient shards, accumulated
+            rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads / dp))
+        if self.emb_fwd:
+            data = input_ops(plan)  # the micro-batch's tokens, from the host's data loader
+            if data:
+                rg.extend(data)
+            rg.extend(self.emb_fwd)
+            self.tp_collective("embedding.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE, self.tp_bytes, "fwd")
+        else:
+            rg.g.add(_marker("input.received", "fwd").with_hbm("activations", self.x_bytes))
+        layer_ends: list[int] = []
+        for layer in range(L):
+            if zero == 3:
+                if layer == 0:
+                    self.zero3_gather(0, None, "fwd")
+                if layer + 1 < L:  # prefetch the next layer once the one before this has finished
+                    self.zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, "fwd")
+                rg.wait_before(self.gathers[layer])
+            _, last = rg.extend(self.t.fwd, layer=layer)
+            layer_ends.append(last)
+            if zero == 3:
+                rg.g.add(self.release_ops["fwd"])
+        cache_bytes = self.cache_bytes
+        if self.loss_fwd:
+            if self.sp:
+                self.tp_collective("lm_head.all_gather", ALL_GATHER, self.tp_bytes, "fwd")
+            rg.extend(self.loss_fwd)
+            if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
+                rg.g.ops[rg.last] = rg.g.ops[rg.last].with_hbm("weight_copies", -cache_bytes * L)
+            # vocab-parallel cross entropy: max, sum of exponentials and target logit over tp
+            self.tp_collective("cross_entropy.tp_all_reduce", ALL_REDUCE, 3 * self.T * 4, "fwd")
+        else:
+            if cache_bytes:
+                rg.g.add(_marker("autocast.release", "fwd").with_hbm("weight_copies", -cache_bytes * L))
+            rg.g.add(_marker("output.sent", "fwd").with_hbm("activations", -self.x_bytes))
+        return rg.last
 
-    def zero3_gather(layer: int, after: int | None, phase: str) -> None:
-        op = gather_ops[phase]
-        if after is not None and after >= 0:
-            op = op.evolve(deps=(after,))
-        gathers[layer] = gathered[(phase, layer)] = rg.g.add(op)
-
-    def zero3_release(phase: str) -> None:
-        rg.g.add(release_ops[phase])
-
-    layer_ends: list[int] = []
-    for layer in range(L):
-        if zero == 3:
-            if layer == 0:
-                zero3_gather(0, None, "fwd")
-            if layer + 1 < L:  # prefetch the next layer once the one before this has finished
-                zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, "fwd")
-            rg.wait_before(gathers[layer])
-        _, last = rg.extend(fwd, layer=layer)
-        layer_ends.append(last)
-        if zero == 3:
-            zero3_release("fwd")
-    if loss_fwd:
-        if sp:
-            tp_collective("lm_head.all_gather", ALL_GATHER, tp_bytes, "fwd")
-        rg.extend(loss_fwd)
-        if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
-            rg.g.ops[rg.last] = rg.g.ops[rg.last].with_hbm("weight_copies", -cache_bytes * L)
-        # vocab-parallel cross entropy: max, sum of exponentials and target logit over tp
-        tp_collective("cross_entropy.tp_all_reduce", ALL_REDUCE, 3 * T * 4, "fwd")
-    else:
-        if cache_bytes:
-            rg.g.add(_marker("autocast.release", "fwd").with_hbm("weight_copies", -cache_bytes * L))
-        rg.g.add(_marker("output.sent", "fwd").with_hbm("activations", -x_bytes))
-    fwd_last = rg.last
-
-    # --- backward ------------------------------------------------------------------------
-    if not loss_bwd:
-        rg.g.add(_marker("grad.received", "bwd").with_hbm("activation_grads", g_bytes))
-    else:
-        _, loss_last = rg.extend(acc(loss_bwd))
-        tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if sp else ALL_REDUCE,
-                      T * h * (4 if dt.autocast_casts else dt.act), "bwd")
-    sources: list[GradSource] = []  # where gradients are ready to leave for the host, in backward order
-    if loss_bwd and dp == 1:
-        sources.append(GradSource(loss_last, cp.head_trainable, loss_grads, ("loss",), -1, 0, accumulate))
-    # the LM head's gradients come first in backward and go in the first bucket (DDP and DeepSpeed
-    # fill buckets as gradients become ready); FSDP reduces them with its root unit, after the rest
-    head_first = plan.framework != Framework.FSDP_MIXED
-    pending_grads, pending_params = 0.0, 0.0
-    if loss_bwd and reducing and head_first:
-        pending_grads, pending_params = loss_grads, cp.head_trainable
-    last_dp = -1
-
-    def reduce_grads(nbytes: float, params: float, after: int, phase: str) -> None:
-        nonlocal last_dp
-        calls = max(1, math.ceil(nbytes / bucket - 1e-9))
-        op = _comm(f"grads.{grad_kind}", grad_kind, "dp", nbytes, phase, calls=calls, deps=(after,))
+    def reduce_grads(self, nbytes: float, params: float, after: int, phase: str) -> None:
+        """A bucket of gradients reduced over data parallelism (the whole bucket, or this rank's shard, kept)."""
+        dp, zero = self.dp, self.zero
+        calls = max(1, math.ceil(nbytes / self.bucket - 1e-9))
+        op = _comm(f"grads.{self.grad_kind}", self.grad_kind, "dp", nbytes, phase, calls=calls, deps=(after,))
         if zero >= 2:  # the full gradients of the bucket give way to this rank's shard (or leave for the host)
-            op = op.with_hbm("grads", -nbytes + (nbytes / dp if lazy_shards and not earlier and not streams else 0.0))
-        last_dp = rg.g.add(op)
-        sources.append(GradSource(last_dp, params, 0.0 if zero >= 2 else nbytes, ("bucket", len(sources)), -1, 0,
-                                  accumulate, "dp"))
+            kept = nbytes / dp if self.lazy_shards and not self.earlier and not self.streams else 0.0
+            op = op.with_hbm("grads", -nbytes + kept)
+        self.last_dp = self.rg.g.add(op)
+        self.sources.append(GradSource(self.last_dp, params, 0.0 if zero >= 2 else nbytes,
+                                       ("bucket", len(self.sources)), -1, 0, self.accumulate, "dp"))
 
-    bwd_ends: list[int] = []
-    bwd_ops = acc(bwd)
-    for k, layer in enumerate(reversed(range(L))):
-        if zero == 3:
-            if k == 0:
-                zero3_gather(layer, None, "bwd")
-            if layer - 1 >= 0:
-                zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, "bwd")
-            rg.wait_before(gathers[layer])
-        _, last = rg.extend(bwd_ops, layer=layer)
-        bwd_ends.append(last)
-        if zero == 3:
-            zero3_release("bwd")
-        if dp == 1:
-            sources.append(GradSource(last, cp.layer_trainable, layer_grads, ("layer", layer), layer, 0, accumulate))
-        if reducing:
-            pending_grads += layer_grads
-            pending_params += cp.layer_trainable
-            if pending_grads >= bucket:
-                reduce_grads(pending_grads, pending_params, last, "bwd")
-                pending_grads = pending_params = 0.0
-    if emb_bwd:
-        if sp:
-            tp_collective("embedding.all_gather.bwd", ALL_GATHER, tp_bytes, "bwd")
-        rg.extend(acc(emb_bwd))
-        if dp == 1:
-            sources.append(GradSource(rg.last, cp.embedding_trainable, emb_grads, ("embedding",), -1, 0,
-                                      accumulate))
-        if reducing:
-            pending_grads += emb_grads
-            pending_params += cp.embedding_trainable
-    else:
-        rg.g.add(_marker("grad.sent", "bwd").with_hbm("activation_grads", -g_bytes))
-    if loss_bwd and reducing and not head_first:
-        pending_grads += loss_grads
-        pending_params += cp.head_trainable
-    bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == "gpu")
-    tail_first = len(rg.g)
-    if reducing and pending_grads > 0:
-        reduce_grads(pending_grads, pending_params, bwd_last, "bwd")
-    if offload.any:  # the end of backward, as an op the rewrite keeps in place
-        rg.g.add(_marker("backward.end", "bwd"))
+    def _layer_grads_ready(self, layer: int, last: int) -> None:
+        """A layer's backward is done: its gradients leave (one rank) or join the bucket being filled."""
+        cp = self.cp
+        if self.dp == 1:
+            self.sources.append(GradSource(last, cp.layer_trainable, self.layer_grads, ("layer", layer), layer, 0,
+                                           self.accumulate))
+        if self.reducing:
+            self.pending_grads += self.layer_grads
+            self.pending_params += cp.layer_trainable
+            if self.pending_grads >= self.bucket:
+                self.reduce_grads(self.pending_grads, self.pending_params, last, "bwd")
+                self.pending_grads = self.pending_params = 0.0
 
-    # --- optimizer ---------------------------------------------------------------------
-    opt_last = -1
-    # the chunk's share of the model's parameter tensors (the optimizer's per-tensor launches)
-    n_tensors = max(1, round(param_counts(local, plan).n_tensors * max(L, 1) / local.num_layers))
-    if final and not offload.optimizer:
-        shard = dp if zero >= 1 else 1
-        counts = ParamCounts(cp.params, cp.trainable / shard, n_tensors)
-        opt = _optimizer_ops(local, plan, counts)
-        if last_dp >= 0:
-            rg.wait_before(last_dp)
-        _, opt_last = rg.extend(opt)
-    g = rg.g
-    if offload.any:
-        facts = StepFacts(trainable=cp.trainable,
-                          n_tensors=n_tensors,
-                          saved_per_layer=offload_saved_bytes(plan, saved_per_layer, x_bytes),
-                          gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
-        hooks = RankHooks(tuple(sources) if final or per_microbatch else (), gathered, final, bool(loss_bwd))
-        g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)
-        fwd_last, bwd_last, tail_first = moved[fwd_last], moved[bwd_last], moved[tail_first]
-    if final and 1 <= zero <= 2:  # updated parameter shards go back to every rank
-        after = ([i for i, op in enumerate(g.ops) if op.phase == "opt" or op.resource == "dp"] if offload.optimizer
-                 else [opt_last])
-        nbytes = cp.params * StateBytes.of(plan).params
-        g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes, "opt",
-                    calls=max(1, math.ceil(nbytes / bucket - 1e-9)), deps=tuple(after)))
-    saved = sum(op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in g.ops[:fwd_last + 1])
-    return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, saved)
+    def backward(self) -> tuple[int, int]:
+        """The chunk's backward, its gradients bucketed and reduced as they are ready; returns the
+        last compute-stream op of the backward and the first op after it."""
+        rg, plan, cp, zero, dp, acc = self.rg, self.plan, self.cp, self.zero, self.dp, self.acc
+        L, loss_bwd = self.chunk.layers, self.loss_bwd
+        if not loss_bwd:
+            rg.g.add(_marker("grad.received", "bwd").with_hbm("activation_grads", self.g_bytes))
+        else:
+            _, loss_last = rg.extend(acc(loss_bwd))
+            self.tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE,
+                               self.T * self.model.hidden_size * (4 if self.dt.autocast_casts else self.dt.act), "bwd")
+        if loss_bwd and dp == 1:
+            self.sources.append(GradSource(loss_last, cp.head_trainable, self.loss_grads, ("loss",), -1, 0,
+                                           self.accumulate))
+        # the LM head's gradients come first in backward and go in the first bucket (DDP and DeepSpeed
+        # fill buckets as gradients become ready); FSDP reduces them with its root unit, after the rest
+        head_first = plan.framework != Framework.FSDP_MIXED
+        if loss_bwd and self.reducing and head_first:
+            self.pending_grads, self.pending_params = self.loss_grads, cp.head_trainable
+        bwd_ends: list[int] = []
+        bwd_ops = acc(self.t.bwd)
+        for k, layer in enumerate(reversed(range(L))):
+            if zero == 3:
+                if k == 0:
+                    self.zero3_gather(layer, None, "bwd")
+                if layer - 1 >= 0:
+                    self.zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, "bwd")
+                rg.wait_before(self.gathers[layer])
+            _, last = rg.extend(bwd_ops, layer=layer)
+            bwd_ends.append(last)
+            if zero == 3:
+                rg.g.add(self.release_ops["bwd"])
+            self._layer_grads_ready(layer, last)
+        self._embedding_backward()
+        if loss_bwd and self.reducing and not head_first:
+            self.pending_grads += self.loss_grads
+            self.pending_params += cp.head_trainable
+        bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == "gpu")
+        tail_first = len(rg.g)
+        if self.reducing and self.pending_grads > 0:
+            self.reduce_grads(self.pending_grads, self.pending_params, bwd_last, "bwd")
+        if self.offload.any:  # the end of backward, as an op the rewrite keeps in place
+            rg.g.add(_marker("backward.end", "bwd"))
+        return bwd_last, tail_first
+
+    def _embedding_backward(self) -> None:
+        rg, cp = self.rg, self.cp
+        if self.emb_bwd:
+            if self.sp:
+                self.tp_collective("embedding.all_gather.bwd", ALL_GATHER, self.tp_bytes, "bwd")
+            rg.extend(self.acc(self.emb_bwd))
+            if self.dp == 1:
+                self.sources.append(GradSource(rg.last, cp.embedding_trainable, self.emb_grads, ("embedding",), -1, 0,
+                                               self.accumulate))
+            if self.reducing:
+                self.pending_grads += self.emb_grads
+                self.pending_params += cp.embedding_trainable
+        else:
+            rg.g.add(_marker("grad.sent", "bwd").with_hbm("activation_grads", -self.g_bytes))
+
+    def finish(self, widths: Widths | None, fwd_last: int, bwd_last: int, tail_first: int) -> MicrobatchGraph:
+        """The optimizer (final micro-batch), the offload rewrite, ZeRO-1/2's all-gather of the
+        updated parameters; the graph with its marks."""
+        rg, plan, cp, zero, dp, final = self.rg, self.plan, self.cp, self.zero, self.dp, self.final
+        local, L, offload = self.local, self.chunk.layers, self.offload
+        opt_last = -1
+        # the chunk's share of the model's parameter tensors (the optimizer's per-tensor launches)
+        n_tensors = max(1, round(param_counts(local, plan).n_tensors * max(L, 1) / local.num_layers))
+        if final and not offload.optimizer:
+            shard = dp if zero >= 1 else 1
+            counts = ParamCounts(cp.params, cp.trainable / shard, n_tensors)
+            opt = _optimizer_ops(local, plan, counts)
+            if self.last_dp >= 0:
+                rg.wait_before(self.last_dp)
+            _, opt_last = rg.extend(opt)
+        g = rg.g
+        if offload.any:
+            dt = self.dt
+            facts = StepFacts(trainable=cp.trainable,
+                              n_tensors=n_tensors,
+                              saved_per_layer=offload_saved_bytes(plan, self.t.saved_per_layer, self.x_bytes),
+                              gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
+            hooks = RankHooks(tuple(self.sources) if final or self.per_microbatch else (), self.gathered, final,
+                              bool(self.loss_bwd))
+            g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)
+            fwd_last, bwd_last, tail_first = moved[fwd_last], moved[bwd_last], moved[tail_first]
+        if final and 1 <= zero <= 2:  # updated parameter shards go back to every rank
+            after = ([i for i, op in enumerate(g.ops) if op.phase == "opt" or op.resource == "dp"] if offload.optimizer
+                     else [opt_last])
+            nbytes = cp.params * StateBytes.of(plan).params
+            g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes, "opt",
+                        calls=max(1, math.ceil(nbytes / self.bucket - 1e-9)), deps=tuple(after)))
+        return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, _saved_bytes(g.ops[:fwd_last + 1]))
+
+
+def _saved_bytes(forward: list[Op]) -> float:
+    """HBM the forward leaves allocated, less gradients: each distinct op's change worked out
+    once (replicated layers share op objects, compared by identity), summed in issue order."""
+    change = {op: op.hbm_alloc - op.hbm_free - (op.hbm_by_tag or {}).get("grads", 0.0) for op in dict.fromkeys(forward)}
+    return sum(map(change.__getitem__, forward))

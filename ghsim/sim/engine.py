@@ -57,81 +57,90 @@ def run(
     """Simulate tasks given in issue order, as parallel sequences (one entry per task).
 
     resource_of: index into `resources`; duration: seconds on it; deps: indices of
-    earlier tasks that must end first; issue_cost: host-thread seconds to issue it
-    (kernel launches); host_waits: the host blocks until it ends (a sync, or CPU
-    work on the main thread).
+    earlier tasks that must end first (0 <= d < the task's own index); issue_cost:
+    host-thread seconds to issue it (kernel launches); host_waits: the host blocks until
+    it ends (a sync, or CPU work on the main thread).
     """
-    n = len(duration)
-    start = [0.0] * n
-    end = [0.0] * n
-    issued = [0.0] * n
+    # the loop runs once per op of every plan a search simulates: it reads per-task values
+    # through zip and appends its results (a dependency on a later task is then out of range)
+    start: list[float] = []
+    end: list[float] = []
+    issued: list[float] = []
     # a one-server queue is a float (its free time); a pool keeps its servers' free times in a heap
     single = [r.servers == 1 for r in resources]
     free_at = [0.0] * len(resources)
     servers = [[0.0] * r.servers for r in resources]
     last_start = [0.0] * len(resources)
-    names = {r.name: k for k, r in enumerate(resources)}
-    slowing = [[names[x] for x in r.slowed_by if x in names] if r.slowdown > 0 else [] for r in resources]
-    slows = [[r for r, ks in enumerate(slowing) if k in ks] for k in range(len(resources))]  # whom k slows
-    busy: dict[int, tuple[list[float], list[float], bool]] = {
-        k: ([], [], single[k]) for k in range(len(resources)) if slows[k]}
-    busy_slowing = [[busy[k] for k in ks] for ks in slowing]  # the busy spans of whatever slows r
+    slowdown = [r.slowdown for r in resources]
+    spans_of, busy_slowing, slows = _sharing(resources, single)
     slowed_until = [0.0] * len(resources)  # the last end of work on any resource slowing this one
     host = 0.0
-    for i in range(n):
-        host += issue_cost[i]
-        issued[i] = host
-        ready = host
-        for d in deps[i]:
-            if d >= i:
-                raise ValueError(f"task {i} depends on task {d}, which is not issued before it")
-            if end[d] > ready:
-                ready = end[d]
-        r = resource_of[i]
-        if single[r]:  # in order, one at a time: after the op before it
-            s = free_at[r] if free_at[r] > ready else ready
-        else:
-            free = servers[r]
-            s = free[0] if free[0] > ready else ready
-            if last_start[r] > s:
-                s = last_start[r]
-        e = s + duration[i]
-        # (most ops start after every slowing stream has gone idle: nothing to look up)
-        if slowed_until[r] > s and duration[i] > 0:
-            e = _shared_end(s, duration[i], resources[r].slowdown, busy_slowing[r])
-        if r in busy:
-            spans = busy[r]
-            spans[0].append(s)
-            spans[1].append(e)
-            for q in slows[r]:
-                if e > slowed_until[q]:
-                    slowed_until[q] = e
-        if single[r]:
-            free_at[r] = e
-        else:
-            heapq.heapreplace(servers[r], e)
-            last_start[r] = s
-        start[i] = s
-        end[i] = e
-        if host_waits[i] and e > host:
-            host = e
+    add_start, add_end, add_issued = start.append, end.append, issued.append
+    try:
+        for r, work, task_deps, cost, waits in zip(resource_of, duration, deps, issue_cost, host_waits):
+            host += cost
+            add_issued(host)
+            ready = host
+            for d in task_deps:
+                if end[d] > ready:
+                    ready = end[d]
+            if single[r]:  # in order, one at a time: after the op before it
+                s = free_at[r] if free_at[r] > ready else ready
+            else:
+                free = servers[r]
+                s = free[0] if free[0] > ready else ready
+                if last_start[r] > s:
+                    s = last_start[r]
+            e = s + work
+            # (most ops start after every slowing stream has gone idle: nothing to look up)
+            if slowed_until[r] > s and work > 0:
+                e = _shared_end(s, work, slowdown[r], busy_slowing[r])
+            spans = spans_of[r]
+            if spans is not None:
+                spans[0].append(s)
+                spans[1].append(e)
+                for q in slows[r]:
+                    if e > slowed_until[q]:
+                        slowed_until[q] = e
+            if single[r]:
+                free_at[r] = e
+            else:
+                heapq.heapreplace(free, e)
+                last_start[r] = s
+            add_start(s)
+            add_end(e)
+            if waits and e > host:
+                host = e
+    except IndexError:
+        _reject_later_deps(deps, len(end))
+        raise
     makespan = max(max(end, default=0.0), host)
     return Schedule(np.array(start), np.array(end), np.array(issued), makespan)
 
 
+def _sharing(resources: Sequence[Resource], single: list[bool]) -> tuple[list, list, list]:
+    """Who slows whom: each resource's busy spans (starts, ends, one server) if it slows another
+    (else None), the spans of whatever slows each resource, and whom each one slows."""
+    names = {r.name: k for k, r in enumerate(resources)}
+    slowing = [[names[x] for x in r.slowed_by if x in names] if r.slowdown > 0 else [] for r in resources]
+    slows = [[r for r, ks in enumerate(slowing) if k in ks] for k in range(len(resources))]  # whom k slows
+    spans_of = [([], [], single[k]) if slows[k] else None for k in range(len(resources))]
+    return spans_of, [[spans_of[k] for k in ks] for ks in slowing], slows
+
+
+def _reject_later_deps(deps: Sequence[tuple[int, ...]], i: int) -> None:
+    """Raise if task i depends on a task not issued before it."""
+    for d in deps[i] if i < len(deps) else ():
+        if d >= i:
+            raise ValueError(f"task {i} depends on task {d}, which is not issued before it")
+
+
 def distinct(items: Sequence) -> tuple[list, np.ndarray]:
-    """The distinct objects of `items` by identity (replicated layers share op objects), and
-    which of them each item is: per-op work is then done once per distinct op and indexed."""
-    row_of: dict[int, int] = {}
-    out: list = []
-    rows = []
-    for x in items:
-        r = row_of.get(id(x))
-        if r is None:
-            r = row_of[id(x)] = len(out)
-            out.append(x)
-        rows.append(r)
-    return out, np.array(rows, np.intp)
+    """The distinct objects of `items` (replicated layers share op objects), and which of them
+    each item is: per-op work is then done once per distinct op and indexed. Items must hash
+    and compare by identity, as ops do (graph/ops.Op): the dicts then run at C speed."""
+    row_of = {x: r for r, x in enumerate(dict.fromkeys(items))}
+    return list(row_of), np.fromiter(map(row_of.__getitem__, items), np.intp, len(items))
 
 
 def run_ops(resources: Sequence[Resource], ops: Sequence, deps: Sequence[tuple[int, ...]],
@@ -158,7 +167,28 @@ def _shared_end(start: float, work: float, slowdown: float,
                 busy: list[tuple[list[float], list[float], bool]]) -> float:
     """End of `work` seconds begun at `start`, run at (1 - slowdown) while any busy interval covers it."""
     rate = 1.0 - slowdown
-    horizon = start + work / rate
+    only = None  # the one resource busy after `start`, if one server
+    for spans in busy:
+        starts, ends, single_server = spans
+        if single_server and (not ends or ends[-1] <= start):
+            continue  # idle since before `start`
+        if only is not None or not single_server:
+            only = False
+            break
+        only = spans
+    if only:
+        # the common case in a few steps: the sweep's first span (`only`'s first ending after
+        # `start`; one server: ends never decrease) already holds all of the work
+        starts, ends, _ = only
+        k = bisect_right(ends, start)
+        if starts[k] <= start and work <= (ends[k] - start) * rate:
+            return start + work / rate
+    return _sweep(start, work, rate, _overlapping(start, start + work / rate, busy))
+
+
+def _overlapping(start: float, horizon: float, busy: list[tuple[list[float], list[float], bool]]
+                 ) -> list[tuple[float, float]]:
+    """The busy spans over [start, horizon), clipped to begin at `start`, in order."""
     spans = []
     for starts, ends, single_server in busy:
         if not single_server:
@@ -171,9 +201,12 @@ def _shared_end(start: float, work: float, slowdown: float,
             if ends[k] > start:
                 spans.append((max(starts[k], start), ends[k]))
             k += 1
-    if not spans:
-        return start + work
     spans.sort()
+    return spans
+
+
+def _sweep(start: float, work: float, rate: float, spans: list[tuple[float, float]]) -> float:
+    """End of `work` begun at `start`, at `rate` inside the ordered spans and at full rate outside."""
     t, left = start, work
     for a, b in spans:
         if b <= t:

@@ -7,12 +7,12 @@ ops, not the order the GPU runs them, so peaks are found in issue order
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ghsim.graph.ops import Op
+from ghsim.sim.engine import distinct
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,15 @@ class TierPeak:
 def hbm_replay(ops: list[Op], static_total: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """HBM in use after each op and while it runs (its allocations and workspace on top of what
     was held before it), in issue order; and each op's workspace."""
-    alloc = np.fromiter((o.hbm_alloc for o in ops), float, len(ops))
-    free = np.fromiter((o.hbm_free for o in ops), float, len(ops))
-    transient = np.fromiter((o.hbm_transient for o in ops), float, len(ops))
+    return _replay(ops, static_total, distinct(ops))
+
+
+def _replay(ops: list[Op], static_total: float, distinct_ops: tuple[list[Op], np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # each distinct op's effects read once (replicated layers share op objects), then indexed
+    ds, rows = distinct_ops
+    effects = np.array([(o.hbm_alloc, o.hbm_free, o.hbm_transient) for o in ds], float).reshape(-1, 3)[rows]
+    alloc, free, transient = effects.T
     after = static_total + np.cumsum(alloc - free)
     before = np.concatenate(([static_total], after[:-1]))
     return after, before + alloc + transient, transient
@@ -36,16 +42,18 @@ def hbm_replay(ops: list[Op], static_total: float) -> tuple[np.ndarray, np.ndarr
 
 def hbm_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
     base = sum(static.values())
-    after, during, transient = hbm_replay(ops, base)
+    ds, rows = distinct_ops = distinct(ops)
+    after, during, transient = _replay(ops, base, distinct_ops)
     if len(ops) == 0:
         return TierPeak(base, -1, dict(static), after)
     i = int(during.argmax())
     breakdown = dict(static)
-    # replicated layers share op objects: sum each distinct op's tags times its count
-    counts = Counter(map(id, ops[:i]))
-    distinct = {id(op): op for op in ops[:i]}
-    for key, n in counts.items():
-        for tag, nbytes in (distinct[key].hbm_by_tag or {}).items():
+    # replicated layers share op objects: sum each distinct op's tags times its count (in the
+    # order the ops first appear)
+    counts = np.bincount(rows[:i], minlength=len(ds))
+    for k in np.flatnonzero(counts).tolist():
+        n = int(counts[k])
+        for tag, nbytes in (ds[k].hbm_by_tag or {}).items():
             breakdown[tag] = breakdown.get(tag, 0.0) + n * nbytes
     for tag, nbytes in (ops[i].hbm_by_tag or {}).items():
         if nbytes > 0:
@@ -58,15 +66,16 @@ def hbm_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
 
 
 def host_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
-    delta = np.fromiter((o.host_alloc - o.host_free for o in ops), float, len(ops))
+    ds, rows = distinct(ops)
+    delta = np.array([o.host_alloc - o.host_free for o in ds], float)[rows]
     base = sum(static.values())
     after = base + np.cumsum(delta)
     if len(ops) == 0 or after.max(initial=base) <= base:
         return TierPeak(base, -1, {k: v for k, v in static.items() if v}, after)
     i = int(after.argmax())
     breakdown = dict(static)
-    for op in ops[: i + 1]:
-        if op.host_alloc or op.host_free:
-            tag = op.mem_tag or "host_buffers"
-            breakdown[tag] = breakdown.get(tag, 0.0) + op.host_alloc - op.host_free
+    moves = np.array([bool(o.host_alloc or o.host_free) for o in ds], bool)[rows[: i + 1]]
+    for op in map(ops.__getitem__, np.flatnonzero(moves).tolist()):  # in issue order
+        tag = op.mem_tag or "host_buffers"
+        breakdown[tag] = breakdown.get(tag, 0.0) + op.host_alloc - op.host_free
     return TierPeak(float(after[i]), i, {k: v for k, v in breakdown.items() if abs(v) > 0.5}, after)
