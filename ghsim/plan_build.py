@@ -1,7 +1,7 @@
 """What simulating one plan builds, kept for the plan's next question.
 
-The plan search asks one plan several questions in turn (simulate_parallel.prepare(),
-step_memory(), step_time_floor(), simulate_parallel()); each builds on what the
+The plan search asks one plan several questions in turn (simulate_prepared.prepare(),
+step_memory(), step_time_floor(), simulate_prepared()); each builds on what the
 earlier ones built. PlanBuild holds it in named fields, and the caller holds the
 PlanBuild: nothing is cached behind its back.
 """
@@ -25,7 +25,7 @@ from ghsim.hardware import Hardware
 from ghsim.plan import Plan
 
 if TYPE_CHECKING:
-    from ghsim.simulate_parallel import MicrobatchRun, StepMemory
+    from ghsim.simulate import MicrobatchRun, StepMemory
 
 
 @dataclass(frozen=True)

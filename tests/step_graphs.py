@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ghsim.simulate_parallel import chunk_graph, prepare
+from ghsim.simulate import chunk_graph, prepare
 
 ONE_CHUNK = (True, True)  # holds the embedding and the loss
 

@@ -98,3 +98,26 @@ def test_known_exceptions_still_exist(exception):
 
 def test_engine_knows_nothing_of_ghsim():
     assert not {n for n in IMPORTS["ghsim.sim.engine"] if _within(n, "ghsim")}
+
+
+# the simulator and the pipeline run it builds for it: the only modules that run the engine
+ENGINE_RUNNERS = {"ghsim.simulate", "ghsim.sim.pipeline"}
+
+
+def _engine_runners() -> set[str]:
+    """Modules that call engine.run / engine.run_ops (as attributes of `engine` or imported names)."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+                    and f.value.id == "engine" else f.id if isinstance(f, ast.Name) else ""
+                if called in ("run", "run_ops") and (isinstance(f, ast.Attribute)
+                                                     or "ghsim.sim.engine" in IMPORTS[_module_name(path)]):
+                    found.add(_module_name(path))
+    return found - {"ghsim.sim.engine"}
+
+
+def test_only_the_simulator_runs_the_engine():
+    assert _engine_runners() == ENGINE_RUNNERS

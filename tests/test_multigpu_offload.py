@@ -18,7 +18,7 @@ from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Plan, plan_from_dict
 from ghsim.simulate import simulate
 from ghsim.plan_build import PlanBuild, PriceBook, RankPricing
-from ghsim.simulate_parallel import chunk_graph, run_microbatch
+from ghsim.simulate import chunk_graph, run_microbatch
 
 H100 = load_hardware("h100-sxm")
 QUAD = load_hardware("gh200-96gb-quad")
@@ -34,7 +34,7 @@ def plan(**kw) -> Plan:
 
 def micro_batch(cal: Calibration, model: ModelSpec, hw, p: Plan, final: bool = True, first: bool = True,
                 last: bool = True):
-    """The kernel-level graph of one rank's micro-batch, and its run (as simulate_parallel builds it)."""
+    """The kernel-level graph of one rank's micro-batch, and its run (as simulate_prepared builds it)."""
     rank = RankPricing.of(hw, p, cal)
     build = PlanBuild(rank, rank_templates(model, p, rank.layout), PriceBook(rank))
     mb = chunk_graph(model, p, build, model.num_layers // rank.layout.chunks, (first, last), final)

@@ -20,7 +20,7 @@ from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.simulate_parallel import prepare, simulate_parallel, step_time_floor
+from ghsim.simulate import prepare, simulate_prepared, step_time_floor
 from synthetic import synthetic_calibration
 from test_offload_properties import faster_link  # the same faster link as on one GPU
 
@@ -88,8 +88,8 @@ def test_sharing_one_host_among_more_gpus_never_speeds_a_step(d, hw_name, more_o
     mine = HostSide.of(hw, plan, CAL)
     shared = dataclasses.replace(mine, node_gpus=mine.node_gpus * more_on_host,
                                  link_sharers=mine.link_sharers * more_on_link)
-    alone = simulate_parallel(TINY, hw, plan, CAL, keep_timeline=False, host_side=mine).step_time_s
-    crowded = simulate_parallel(TINY, hw, plan, CAL, keep_timeline=False, host_side=shared).step_time_s
+    alone = simulate_prepared(TINY, hw, plan, CAL, keep_timeline=False, host_side=mine).step_time_s
+    crowded = simulate_prepared(TINY, hw, plan, CAL, keep_timeline=False, host_side=shared).step_time_s
     assert crowded >= alone * (1 - 1e-9)
 
 

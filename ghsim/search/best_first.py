@@ -5,7 +5,7 @@ simulated.
 Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
 (free), by the compute kernels of the plan's class (screen.compute_bound, two small
 simulations when the walk reaches a class of several plans) and, for a multi-GPU plan, by
-its micro-batches in the middle of the step (simulate_parallel.step_time_floor, inside the
+its micro-batches in the middle of the step (simulate.step_time_floor, inside the
 evaluation, before its memory); the HBM peak by the memory estimate. Order (order.Order):
 in turn a plan to explore (seeds first: one per precision and layout, then one per ZeRO
 stage and offload set of each) and a neighbour (one move away) of the best plans found, so

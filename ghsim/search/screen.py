@@ -31,7 +31,7 @@ from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report.step_report import StepReport, model_flops
 from ghsim.search.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.simulate import check_fit_to_model, simulate
-from ghsim.simulate_parallel import prepare, simulate_parallel, step_memory, step_time_floor
+from ghsim.simulate import prepare, simulate_prepared, step_memory, step_time_floor
 
 
 
@@ -115,7 +115,7 @@ def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est:
     if memory.problems:
         return Evaluation(plan, Status.NO_FIT, "; ".join(memory.problems), est_bytes,
                           hbm_peak_bytes=memory.hbm.peak_bytes, host_peak_bytes=memory.host.peak_bytes, exact=True)
-    return from_report(plan, simulate_parallel(model, hw, plan, cal, keep_timeline=False, rank=rank), est)
+    return from_report(plan, simulate_prepared(model, hw, plan, cal, keep_timeline=False, rank=rank), est)
 
 
 # What one simulation costs, in units of one layer's micro-batch: a fixed part (building
@@ -129,7 +129,7 @@ def _points(model: ModelSpec, plan: Plan) -> tuple[tuple[int, ...], tuple[int, .
 
     One GPU: the simulator replays every micro-batch, so both are cut. Several GPUs:
     it runs one or two micro-batches per pipeline chunk and schedules the rest as
-    single ops (simulate_parallel), so only layers are worth cutting, and only when a
+    single ops (simulate_prepared), so only layers are worth cutting, and only when a
     stage holds many of them.
     """
     pp, L, k = plan.pp, model.num_layers, plan.grad_accum
