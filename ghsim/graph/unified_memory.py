@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ghsim.graph import ops as K
-from ghsim.graph.offload_rewrite import BWD, FWD, New, Rewriter, find_runs
+from ghsim.graph.offload.rewrite import BWD, FWD, New, Rewriter, find_runs
 from ghsim.graph.ops import UM, Op, OpGraph
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ghsim.graph.offload_rewrite import BWD, FWD, find_runs
+from ghsim.graph.offload.rewrite import BWD, FWD, find_runs
 from ghsim.graph.ops import OpGraph
 from ghsim.graph.unified_memory import UnifiedMemoryUse, gpu_optimizer_mask
 from ghsim.hardware import Hardware

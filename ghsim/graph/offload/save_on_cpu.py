@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ghsim.graph import ops as K
-from ghsim.graph.offload_rewrite import BWD, FWD, Rewriter
+from ghsim.graph.offload.rewrite import BWD, FWD, Rewriter
 from ghsim.graph.ops import Op
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 from ghsim.graph import ops as K
-from ghsim.graph.offload_ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
-from ghsim.graph.offload_rewrite import BWD, FWD, New
-from ghsim.graph.offload_setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
+from ghsim.graph.offload.ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
+from ghsim.graph.offload.rewrite import BWD, FWD, New
+from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.plan import OffloadSchedule
 

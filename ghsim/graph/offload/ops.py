@@ -4,7 +4,7 @@ and the GPU's shares of AdamW, memory markers."""
 from __future__ import annotations
 
 from ghsim.graph import ops as K
-from ghsim.graph.offload_setup import OffloadSetup
+from ghsim.graph.offload.setup import OffloadSetup
 from ghsim.graph.ops import Op
 from ghsim.graph.optimizer import gpu_adamw
 from ghsim.plan import Framework, Plan

@@ -43,10 +43,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ghsim.graph.offload_ops import copy_op, cpu_adam, cpu_bytes, gpu_cast
-from ghsim.graph.offload_rewrite import BWD, FWD, New, Rewriter, Run, find_runs
-from ghsim.graph.offload_schedules import _activation_copies, _optimizer, _parameter_fetches, _run_sources
-from ghsim.graph.offload_setup import (
+from ghsim.graph.offload.ops import copy_op, cpu_adam, cpu_bytes, gpu_cast
+from ghsim.graph.offload.rewrite import BWD, FWD, New, Rewriter, Run, find_runs
+from ghsim.graph.offload.schedules import _activation_copies, _optimizer, _parameter_fetches, _run_sources
+from ghsim.graph.offload.setup import (
     BUCKET_LATENCY_SHARE,
     DEEPSPEED_BUCKET_ELEMENTS,
     GradSource,
@@ -60,7 +60,7 @@ from ghsim.graph.offload_setup import (
     saved_bytes_for,
 )
 from ghsim.graph.ops import Op, OpGraph
-from ghsim.graph.save_on_cpu import _sync_loss_offload, save_on_cpu_layer, save_on_cpu_loss, sync_activation_offload
+from ghsim.graph.offload.save_on_cpu import _sync_loss_offload, save_on_cpu_layer, save_on_cpu_loss, sync_activation_offload
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan, Recompute
 
