@@ -29,10 +29,6 @@ class Tensors:
     def __init__(self) -> None:
         self.live: dict[str, float] = {}
 
-    def create(self, op: Op, sizes: dict[str, float]) -> Op:
-        """`op` as the op that creates these tensors (a changed copy)."""
-        return op.evolve(self.created(sizes)) if sizes else op
-
     def free(self, op: Op, names: list[str]) -> Op:
         """`op` as the op after which these tensors are freed (a changed copy)."""
         return op.evolve(self.freed(names)) if names else op
