@@ -17,6 +17,7 @@ from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import Fabric, collective_time
 from ghsim.graph import ops as K
 from ghsim.graph.collectives import Group
+from ghsim.graph.offload import OffloadSetup
 from ghsim.graph.ops import Op
 from ghsim.graph.parallel import Layout, MicrobatchGraph
 from ghsim.graph.step import LayerTemplates
@@ -87,6 +88,7 @@ class PlanBuild:
     """One plan's pricing and what has been built for it so far (see the module docstring)."""
 
     rank: RankPricing
+    offload: OffloadSetup  # the plan's offload, resolved once
     templates: LayerTemplates  # the rank's op templates, unpriced
     prices: PriceBook
     graphs: dict[GraphKey, MicrobatchGraph] = field(default_factory=dict)

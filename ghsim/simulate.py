@@ -45,7 +45,7 @@ from ghsim.cost.offload_policy import transfer_widths
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.dtypes import Dtypes
-from ghsim.graph.offload import Widths, check_offload
+from ghsim.graph.offload import OffloadSetup, Widths, check_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.parallel import (
@@ -184,7 +184,7 @@ def chunk_graph(model: ModelSpec, plan: Plan, rank: PlanBuild, layers: int, kind
 def _offload_widths(model: ModelSpec, plan: Plan, rank: PlanBuild, chunk: Chunk) -> Widths | None:
     """What the chunk's offloaded optimizer moves over the host link (cost/offload_policy.py),
     with SuperOffload's cast placement weighed against the chunk's backward GPU seconds."""
-    setup = resolve_offload(plan)
+    setup = rank.offload
     if not setup.optimizer:
         return None
     dt = Dtypes.of(plan)
@@ -329,10 +329,11 @@ def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
 
 def check_host_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> None:
     """Every GPU of a node holds its own shard of the offloaded state: refuse what the node cannot hold."""
-    if not resolve_offload(plan).any:
+    if not rank.offload.any:
         return
     layout = rank.layout
-    need = max((rank_states(plan, layout.dp, stage_params(model, plan, layout, d)).host for d in range(layout.pp)),
+    need = max((rank_states(plan, layout.dp, stage_params(model, plan, layout, d), rank.offload).host
+                for d in range(layout.pp)),
                key=lambda st: sum(st.values()))
     check_host_capacity(need, rank.rank.host_side.node_gpus, hw.host.capacity_bytes, hw.name, plan)
 
@@ -365,7 +366,7 @@ def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) ->
     layout, kind_of = rank.layout, chunk_kinds(rank.layout)
     per_chunk = model.num_layers // layout.chunks
     finals = {kind: chunk_graph(model, plan, rank, per_chunk, kind, True) for kind in set(kind_of)}
-    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, rank.rank.host_side.node_gpus)
+    stages = [_stage_memory(model, plan, layout, d, finals, kind_of, rank.rank.host_side.node_gpus, rank.offload)
               for d in range(layout.pp)]
     worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
     memory = StepMemory(stages, worst, ())
@@ -379,7 +380,7 @@ def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration
     pricing and its op templates: a PlanBuild the plan's later questions build on."""
     check_offload(plan)
     pricing = RankPricing.of(hw, plan, calibration, fabric, host_side)
-    build = PlanBuild(pricing, rank_templates(model, plan, pricing.layout), PriceBook(pricing))
+    build = PlanBuild(pricing, resolve_offload(plan), rank_templates(model, plan, pricing.layout), PriceBook(pricing))
     check_host_memory(model, hw, plan, build)
     return build
 
@@ -402,7 +403,7 @@ def simulate_prepared(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     pipe = schedule_pipeline(layout.pp, layout.interleave, M, *pipeline_inputs(model, plan, rank, runs),
                              loader_s=loader_seconds(plan) if pool else 0.0)
     memory = step_memory(model, hw, plan, rank)
-    states = [_stage_model_states(model, plan, layout, d) for d in range(layout.pp)]
+    states = [_stage_model_states(model, plan, layout, d, rank.offload) for d in range(layout.pp)]
     return assemble(SteppedPlan(model, hw, plan, layout, rank.rank.host_side, rank.rank.fabric, runs, kind_of, pipe,
                                 memory.stages, memory.worst, states, M, um), keep_timeline)
 
@@ -417,7 +418,7 @@ def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuil
                              "every stage's in-flight micro-batches (use --offload)")
         per_chunk = model.num_layers // layout.chunks
         final = chunk_graph(model, plan, rank, per_chunk, kind_of[0], True)
-        static = rank_states(plan, layout.dp, stage_params(model, plan, layout, 0)).hbm
+        static = rank_states(plan, layout.dp, stage_params(model, plan, layout, 0), rank.offload).hbm
         rank.unified_memory = unified_memory_use(final.graph, static, hw, plan.grad_accum)
     return rank.unified_memory
 
@@ -430,7 +431,7 @@ def with_unified_memory(mb: MicrobatchGraph, um: UnifiedMemoryUse) -> Microbatch
 
 
 def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_by_kind, kind_of,
-                  node_gpus: int) -> tuple[TierPeak, TierPeak]:
+                  node_gpus: int, setup: OffloadSetup) -> tuple[TierPeak, TierPeak]:
     """HBM of one GPU of stage d: what it holds from the start (graph/states.py: its model state,
     less what is offloaded, and its framework's buckets), the kernel-level replay of its final
     micro-batch, and the activations of the other micro-batches 1F1B keeps in flight (on the
@@ -438,7 +439,7 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
     what this one holds."""
     pp, v, M = layout.pp, layout.interleave, plan.grad_accum
     js = [c * pp + d for c in range(v)]
-    account = rank_states(plan, layout.dp, stage_params(model, plan, layout, d))
+    account = rank_states(plan, layout.dp, stage_params(model, plan, layout, d), setup)
     static = account.hbm
     finals = [finals_by_kind[kind_of[j]] for j in js]
     saved = [mb.saved_bytes for mb in finals]
@@ -462,9 +463,9 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
     return worst_peak, host
 
 
-def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int) -> dict:
+def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int, setup: OffloadSetup) -> dict:
     """Params, gradients, masters and optimizer state one GPU of stage d holds, as the ZeRO paper counts them."""
-    states = kept_states(plan, layout.dp, stage_params(model, plan, layout, d))
+    states = kept_states(plan, layout.dp, stage_params(model, plan, layout, d), setup)
     return {k: float(v) for k, v in states.items()}
 
 

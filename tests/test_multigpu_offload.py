@@ -12,13 +12,11 @@ from ghsim.cli import main
 from ghsim.cost.calibration import Calibration
 from ghsim.cost.hostlink import HostSide
 from ghsim.errors import GhsimError
-from ghsim.graph.parallel import rank_templates
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec, load_model
 from ghsim.plan import Plan, plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.plan_build import PlanBuild, PriceBook, RankPricing
-from ghsim.simulate import chunk_graph, run_microbatch
+from ghsim.simulate import chunk_graph, prepare, run_microbatch
 
 H100 = load_hardware("h100-sxm")
 QUAD = load_hardware("gh200-96gb-quad")
@@ -27,23 +25,18 @@ MID = ModelSpec(name="mid", hidden_size=2048, intermediate_size=5632, num_layers
                 num_kv_heads=8, head_dim=128, vocab_size=32000)
 LLAMA8 = load_model("llama-3-8b")
 
-
 def plan(**kw) -> Plan:
     return plan_from_dict({"seq": 1024, "framework": "deepspeed", **kw})
-
 
 def micro_batch(cal: Calibration, model: ModelSpec, hw, p: Plan, final: bool = True, first: bool = True,
                 last: bool = True):
     """The kernel-level graph of one rank's micro-batch, and its run (as simulate_prepared builds it)."""
-    rank = RankPricing.of(hw, p, cal)
-    build = PlanBuild(rank, rank_templates(model, p, rank.layout), PriceBook(rank))
-    mb = chunk_graph(model, p, build, model.num_layers // rank.layout.chunks, (first, last), final)
-    return mb, run_microbatch(mb, hw, rank.cost, p, build.prices)
-
+    build = prepare(model, hw, p, cal)
+    mb = chunk_graph(model, p, build, model.num_layers // build.layout.chunks, (first, last), final)
+    return mb, run_microbatch(mb, hw, build.rank.cost, p, build.prices)
 
 def named(graph, name):
     return [i for i, op in enumerate(graph.ops) if op.name == name]
-
 
 # --- each rank offloads its own shard --------------------------------------------------------------
 
@@ -63,7 +56,6 @@ def test_each_rank_moves_and_updates_only_its_shard(cal):
     cpu = [r.extra["offload"]["cpu_optimizer_s"] for r in reports.values()]
     assert max(cpu) == pytest.approx(min(cpu), rel=1e-9)
 
-
 def test_gradient_shards_leave_after_their_reduce_scatter(cal):
     p = plan(gpus=4, zero=3, offload=["optimizer"])
     mb, run = micro_batch(cal, MID, QUAD, p)
@@ -77,7 +69,6 @@ def test_gradient_shards_leave_after_their_reduce_scatter(cal):
     # the full bucket is freed by its reduce-scatter, the shard never lands in HBM under offload
     assert all(g.ops[i].hbm_alloc == 0 for i in reductions)
 
-
 def test_zero1_reduces_once_and_gathers_the_updated_parameters_after_they_return(cal):
     p = plan(gpus=4, zero=1, offload=["optimizer"], global_batch=8)
     middle, _ = micro_batch(cal, MID, H100, p, final=False)
@@ -88,14 +79,12 @@ def test_zero1_reduces_once_and_gathers_the_updated_parameters_after_they_return
     h2d = named(g, "params.h2d")
     assert h2d and run.schedule.start[gather] >= max(run.schedule.end[i] for i in h2d) - 1e-12
 
-
 def test_zero2_streams_every_micro_batch_and_the_host_accumulates(cal):
     p = plan(gpus=4, zero=2, offload=["optimizer"], global_batch=8)
     middle, mrun = micro_batch(cal, MID, H100, p, final=False)
     assert named(middle.graph, "grads.d2h") and named(middle.graph, "grads.accumulate.cpu")
     assert not named(middle.graph, "cpu_adamw")
     assert mrun.times["t_dp"] > mrun.times["t_bwd"]  # the last shard still travels after backward
-
 
 def test_zero_infinity_fetches_each_layers_shard_before_its_all_gather(cal):
     p = plan(gpus=4, zero=3, offload=["optimizer", "params"])
@@ -110,7 +99,6 @@ def test_zero_infinity_fetches_each_layers_shard_before_its_all_gather(cal):
     assert all(g.ops[i].bytes == pytest.approx(shard) for i in fetches)
     assert not named(g, "params.h2d")  # ZeRO-Infinity writes updated parameters on the host
 
-
 def test_fsdp_cpu_offload_fetches_fp32_shards_and_casts_them_on_the_gather_stream(cal):
     p = plan(gpus=2, zero=3, framework="fsdp-mixed", offload=["params"])
     mb, _ = micro_batch(cal, MID, H100, p)
@@ -118,7 +106,6 @@ def test_fsdp_cpu_offload_fetches_fp32_shards_and_casts_them_on_the_gather_strea
     assert casts and all(mb.graph.ops[i].resource == "dp" for i in casts)
     fetch = named(mb.graph, "params.h2d.fwd")[0]
     assert mb.graph.ops[fetch].bytes == pytest.approx(MID.layer_params / 2 * 4)
-
 
 def test_activation_offload_frees_hbm_on_every_stage_and_holds_the_in_flight_micro_batches_on_the_host(cal):
     base = dict(gpus=4, pp=2, global_batch=8, framework="deepspeed", zero=1)
@@ -129,7 +116,6 @@ def test_activation_offload_frees_hbm_on_every_stage_and_holds_the_in_flight_mic
     assert stage0.get("pipeline_activations", 0.0) < on_gpu.extra["parallel"]["stages"][0]["memory_breakdown"][
         "pipeline_activations"]
     assert off.host.breakdown.get("pipeline_offloaded_activations", 0.0) > 0
-
 
 # --- the schedules -----------------------------------------------------------------------------------
 
@@ -146,7 +132,6 @@ def test_superoffload_on_a_quad_gh200_overlaps_the_cpu_optimizer_with_backward(c
     # the GPU keeps 20% of the optimizer state
     assert so.hbm.breakdown.get("optimizer_states", 0) > 0 and "optimizer_states" not in zo.hbm.breakdown
 
-
 def test_sync_offload_copies_after_the_last_reduction(cal):
     p = plan(gpus=2, framework="torch-amp", offload=["optimizer"])  # DDP + the harness's explicit CPU AdamW
     mb, run = micro_batch(cal, MID, H100, p)
@@ -155,7 +140,6 @@ def test_sync_offload_copies_after_the_last_reduction(cal):
     assert len(d2h) == 1 and g.ops[d2h[0]].resource == "gpu"
     last_reduction = max(named(g, "grads.all_reduce"))
     assert run.schedule.start[d2h[0]] >= run.schedule.end[last_reduction] - 1e-12
-
 
 def test_each_gh200_superchip_has_its_own_grace_and_x86_gpus_share_one_host(cal):
     quad = [HostSide.of(QUAD, Plan(gpus=n), cal) for n in (1, 2, 4)]
@@ -167,7 +151,6 @@ def test_each_gh200_superchip_has_its_own_grace_and_x86_gpus_share_one_host(cal)
     assert rates[0] / rates[2] == pytest.approx(8) and rates[0] / rates[1] == pytest.approx(2)
     assert x86[0].host_memory_rate() / x86[2].host_memory_rate() == pytest.approx(8)
 
-
 def test_offload_is_slower_on_a_crowded_pcie_host_than_on_superchips(cal):
     """The same plan and GPU, 4 per node: four GH200s with a Grace each vs four H100s on one x86 host."""
     p = plan(gpus=4, zero=3, offload=["optimizer"], seq=2048)
@@ -176,7 +159,6 @@ def test_offload_is_slower_on_a_crowded_pcie_host_than_on_superchips(cal):
     pcie = simulate(LLAMA8, x86_quad, p, cal, keep_timeline=False)
     assert gh.step_time_s < pcie.step_time_s
     assert pcie.time_breakdown_s["wait_cpu"] > gh.time_breakdown_s["wait_cpu"]
-
 
 # --- bad input ------------------------------------------------------------------------------------
 
@@ -188,7 +170,6 @@ def test_host_memory_too_small_for_the_nodes_gpus_is_one_clear_error(cal):
     one_per_node = simulate(LLAMA8, small_host, p.with_(gpus_per_node=1), cal, keep_timeline=False)
     assert one_per_node.host.peak_bytes < 64e9  # one GPU per node: its 1/8 shard (16 GB) fits
 
-
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "4", "--zero", "1", "--offload", "params"], "needs --zero 3"),
     (["--gpus", "4", "--unified-memory"], "one GPU only"),
@@ -199,7 +180,6 @@ def test_bad_multi_gpu_offload_input_is_one_line_and_exit_2(args, message):
     res = CliRunner().invoke(main, ["simulate", "--model", "llama-3-8b", "--hardware", "h100-sxm", *args])
     assert res.exit_code == 2, res.output
     assert message in res.output and len(res.output.strip().splitlines()) == 1
-
 
 def test_cli_multi_gpu_offload_json():
     import json

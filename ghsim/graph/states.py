@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
-from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup, resolve
+from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
 from ghsim.plan import Framework, Plan
@@ -119,7 +119,7 @@ def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> d
 
 # --- offload: what stays on the GPU, what the host holds ------------------------------------
 def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
-                    grads_are_shards: bool = True, setup: OffloadSetup | None = None) -> dict[str, float]:
+                    setup: OffloadSetup, grads_are_shards: bool = True) -> dict[str, float]:
     """The model state a GPU keeps under the plan's offload, from what it keeps without it.
 
     The GPU keeps (1 - cpu_share) of the fp32 masters and AdamW moments; when the
@@ -128,9 +128,8 @@ def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
     offloaded parameters, only those outside the decoder layers (`layer_share` is
     the share inside them), the layers being fetched per use. `grads_are_shards`:
     "grads" is a persistent partition, not the full gradients backward creates.
-    `setup`: resolve(plan), when the caller has it.
+    `setup`: the plan's offload, resolved once by the caller (graph/offload.resolve).
     """
-    setup = setup or resolve(plan)
     out = dict(states)
     keep = 1.0 - setup.cpu_share
     moved = ["master_params", "optimizer_states"] if setup.optimizer else []
@@ -146,10 +145,8 @@ def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
     return out
 
 
-def host_static_bytes(plan: Plan, trainable: float, total: float,
-                      setup: OffloadSetup | None = None) -> dict[str, float]:
-    """Host memory one GPU's offload holds all step (pinned unless the plan says pageable)."""
-    setup = setup or resolve(plan)
+def host_static_bytes(setup: OffloadSetup, trainable: float, total: float) -> dict[str, float]:
+    """Host memory one GPU's offload (`setup`) holds all step (pinned unless the plan says pageable)."""
     out: dict[str, float] = {}
     if setup.optimizer and setup.cpu_share > 0:
         p = setup.cpu_share * trainable / setup.shard
@@ -191,22 +188,22 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
     return 0.0
 
 
-def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup | None = None) -> RankStates:
-    """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state.
-    `setup`: resolve(plan), when the caller has it."""
-    setup, unoffloaded = setup or resolve(plan), plan.with_(offload=frozenset())
+def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> RankStates:
+    """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state and
+    `setup` (the plan's offload, resolved once by the caller) moving part of it to the host."""
+    unoffloaded = plan.with_(offload=frozenset())
     hbm = resident_states(model_state_bytes(stage.params, stage.trainable, unoffloaded, dp), plan, stage.layer_share,
-                          setup=setup)
+                          setup)
     buckets = comm_buckets(plan, dp, stage.trainable)
     if buckets:
         hbm["comm_buckets"] = buckets
-    return RankStates(hbm, host_static_bytes(plan, stage.trainable, stage.params, setup))
+    return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params))
 
 
-def kept_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup | None = None) -> dict[str, float]:
+def kept_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> dict[str, float]:
     """The model state one GPU of a stage keeps on the GPU, as the ZeRO paper counts it (the
     report's "model_state_bytes"): rank_states' fragments with the full gradients backward
-    creates, without the buckets. `setup`: resolve(plan), when the caller has it."""
+    creates, without the buckets."""
     zero = plan.zero if dp > 1 else 0
     return resident_states(model_states(stage.params, stage.trainable, plan.with_(offload=frozenset()), dp), plan,
-                           stage.layer_share, grads_are_shards=zero >= 2, setup=setup)
+                           stage.layer_share, setup, grads_are_shards=zero >= 2)
