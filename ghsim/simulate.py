@@ -47,7 +47,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.offload import OffloadSetup, Widths, check_offload
 from ghsim.graph.offload import resolve as resolve_offload
-from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.ops import Category, Collective, Op, OpGraph, Phase, Resource
 from ghsim.graph.parallel import (
     Chunk,
     Layout,
@@ -74,7 +74,7 @@ from ghsim.sim.pipeline import schedule_pipeline
 from ghsim.sim.unified_memory import unified_memory_use
 from ghsim.report.assemble import SteppedPlan, assemble
 
-COMM_STREAMS = ("tp", "dp", "ep")
+COMM_STREAMS = (Resource.TP, Resource.DP, Resource.EP)
 
 
 def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
@@ -111,10 +111,11 @@ class MicrobatchRun:
 def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
     slowdown = min(0.5, NCCL_CTAS / max(hw.sm_count, 1))
     return (
-        engine.Resource("gpu", slowed_by=COMM_STREAMS, slowdown=slowdown),
-        engine.Resource("h2d"), engine.Resource("d2h"), engine.Resource("cpu"), engine.Resource("loader"),
+        engine.Resource(Resource.GPU, slowed_by=COMM_STREAMS, slowdown=slowdown),
+        engine.Resource(Resource.H2D), engine.Resource(Resource.D2H), engine.Resource(Resource.CPU),
+        engine.Resource(Resource.LOADER),
         *(engine.Resource(s) for s in COMM_STREAMS),
-        engine.Resource("mem"),
+        engine.Resource(Resource.MEM),
     )
 
 
@@ -141,9 +142,9 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     times = {"t_fwd": t_fwd, "t_bwd": t_bwd, "t_dp": t_dp, "t_opt": t_opt, "makespan": makespan}
     tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch, lead_gap)
     segments = {
-        "fwd": window(tl, 0.0, t_fwd, cols),
-        "bwd": window(tl, t_fwd, t_bwd, cols),
-        "opt": window(tl, max(t_bwd, t_dp), t_opt, cols),
+        Phase.FWD: window(tl, 0.0, t_fwd, cols),
+        Phase.BWD: window(tl, t_fwd, t_bwd, cols),
+        Phase.OPT: window(tl, max(t_bwd, t_dp), t_opt, cols),
     }
     return MicrobatchRun(mb, sched, times, segments, tl)
 
@@ -260,7 +261,8 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
         g.ops.extend(src.ops)
         if m and loader_s:
             if id(src) not in loaders:
-                loaders[id(src)] = [i for i, op in enumerate(src.ops) if op.phase == "data" and op.resource == "loader"]
+                data, loader = Phase.DATA, Resource.LOADER
+                loaders[id(src)] = [i for i, op in enumerate(src.ops) if op.phase == data and op.resource == loader]
             for i in loaders[id(src)]:
                 g.ops[base + i] = src.ops[i].evolve(seconds=loader_s)
         shift = base.__add__  # (map with a bound method: the deps of every op of the step)
@@ -310,7 +312,7 @@ def _send_time(model: ModelSpec, plan: Plan, rank: PlanBuild) -> float:
         return 0.0
     act = 2 if plan.precision.is_mixed else 4
     send_bytes = plan.micro_batch * plan.seq * model.hidden_size * act / rank.layout.tp
-    return rank.rank.comm_time("send", send_bytes, "pp", 1)
+    return rank.rank.comm_time(Collective.SEND, send_bytes, Resource.PP, 1)
 
 
 def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
@@ -470,4 +472,4 @@ def _stage_model_states(model: ModelSpec, plan: Plan, layout: Layout, d: int, se
 
 
 def _mem_marker(tag: str, nbytes: float) -> Op:
-    return Op(name=tag, category="other", kind=K.HOST_WORK, resource="mem", kernels=0).with_hbm(tag, nbytes)
+    return Op(name=tag, category=Category.OTHER, kind=K.HOST_WORK, resource=Resource.MEM, kernels=0).with_hbm(tag, nbytes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ghsim.cost.compute import CostModel
 from ghsim.graph import ops as K
+from ghsim.graph.ops import Phase, Resource
 from ghsim.graph.offload import (
     BUCKET_LATENCY_SHARE,
     OffloadSetup,
@@ -36,17 +37,17 @@ def transfer_widths(cost: CostModel, setup: OffloadSetup, grad_width: float, gpu
     price, probe = cost.duration, _PROBE
     gw = 2 if grad_width < 3 else 4
     pw = gpu_param_width
-    d2h = {w: price(copy_op("probe", K.D2H, probe * w, "bwd", setup, "d2h")) / probe for w in (2, 4)}
-    h2d = {w: price(copy_op("probe", K.H2D, probe * w, "opt", setup, "h2d")) / probe for w in (2, 4)}
-    bucket_d2h = _link_bucket(price(copy_op("probe", K.D2H, 1.0, "bwd", setup, "d2h")), 4 / max(d2h[4], 1e-30))
-    bucket_h2d = _link_bucket(price(copy_op("probe", K.H2D, 1.0, "opt", setup, "h2d")), 4 / max(h2d[4], 1e-30))
+    d2h = {w: price(copy_op("probe", K.D2H, probe * w, Phase.BWD, setup, Resource.D2H)) / probe for w in (2, 4)}
+    h2d = {w: price(copy_op("probe", K.H2D, probe * w, Phase.OPT, setup, Resource.H2D)) / probe for w in (2, 4)}
+    bucket_d2h = _link_bucket(price(copy_op("probe", K.D2H, 1.0, Phase.BWD, setup, Resource.D2H)), 4 / max(d2h[4], 1e-30))
+    bucket_h2d = _link_bucket(price(copy_op("probe", K.H2D, 1.0, Phase.OPT, setup, Resource.H2D)), 4 / max(h2d[4], 1e-30))
     if setup.fsdp_like:  # FSDP casts the reduced gradient to the fp32 parameter dtype before offloading
         return Widths(4, 4, gw == 2, False, False, False, bucket_d2h, bucket_h2d)
     fetched = setup.params  # ZeRO-Infinity: no copy back; the CPU writes the bf16 host copy instead
     g_gpu = p_gpu = False  # ZeRO-Offload: casts on the CPU
     if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
-        gpu_cast_s = price(gpu_cast("probe", probe, "bwd")) / probe
-        cpu_cast_s = price(cpu_bytes("probe", probe * 6, "bwd", False)) / probe
+        gpu_cast_s = price(gpu_cast("probe", probe, Phase.BWD)) / probe
+        cpu_cast_s = price(cpu_bytes("probe", probe * 6, Phase.BWD, False)) / probe
         adam = price(cpu_adam("probe", probe, setup, False)) / probe
         options = []
         for g in ((False, True) if gw == 2 else (False,)):

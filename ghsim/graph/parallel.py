@@ -34,7 +34,7 @@ from ghsim.graph.offload import (
 )
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
-from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.ops import Category, Op, OpGraph, Phase, Resource
 from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards
 from ghsim.graph.step import (
     LayerTemplates,
@@ -50,6 +50,9 @@ from ghsim.graph.layer_ops import LayerSplit
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
+
+# Members read in the builder's per-layer and per-op loops, bound once (see graph/ops.py on their cost).
+FWD, BWD, OPT, DP = Phase.FWD, Phase.BWD, Phase.OPT, Resource.DP
 
 # Gradient buckets, by framework (bytes of gradients reduced per collective call).
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel(bucket_cap_mb=25), the default
@@ -91,10 +94,10 @@ class Layout:
     def groups(self) -> dict[str, Group]:
         """Communicators of one rank, by the link stream their collectives run on."""
         return {
-            "tp": self._group("tp", self.tp, 1),
-            "dp": self._group("dp", self.dp, self.tp),
-            "ep": self._group("ep", self.ep, self.tp),
-            "pp": self._group("pp", self.pp, self.tp * self.dp),
+            Resource.TP: self._group(Resource.TP, self.tp, 1),
+            Resource.DP: self._group(Resource.DP, self.dp, self.tp),
+            Resource.EP: self._group(Resource.EP, self.ep, self.tp),
+            Resource.PP: self._group(Resource.PP, self.pp, self.tp * self.dp),
         }
 
     def split(self) -> LayerSplit:
@@ -265,13 +268,13 @@ class _RankGraph:
 def _comm(name: str, kind: str, resource: str, nbytes: float, phase: str,
           calls: int = 1, deps: tuple[int, ...] = ()) -> Op:
     """A collective of `calls` calls on the link stream of its group (`resource`)."""
-    return Op(name=name, category="communication", kind=K.COLLECTIVE, resource=resource, variant=kind,
+    return Op(name=name, category=Category.COMMUNICATION, kind=K.COLLECTIVE, resource=resource, variant=kind,
               bytes=nbytes, kernels=calls, deps=deps, phase=phase)
 
 
 def _marker(name: str, phase: str) -> Op:
     """A zero-time op whose place in issue order carries a memory change."""
-    return Op(name=name, category="other", kind=K.HOST_WORK, resource="mem", kernels=0, phase=phase)
+    return Op(name=name, category=Category.OTHER, kind=K.HOST_WORK, resource=Resource.MEM, kernels=0, phase=phase)
 
 
 def _grad_bytes(template: list[Op]) -> float:
@@ -370,17 +373,17 @@ class _MicrobatchBuilder:
     def _zero3_ops(self) -> None:
         """Every layer's gather and release are alike: built once per phase (the graph keeps their deps)."""
         cp, zero3_cache = self.cp, self.zero3_cache
-        self.gather_ops = {phase: _comm("zero3.all_gather", ALL_GATHER, "dp", cp.layer_bytes, phase).with_hbm(
-            "gathered_params", cp.layer_bytes) for phase in ("fwd", "bwd")} if self.zero == 3 else {}
+        self.gather_ops = {phase: _comm("zero3.all_gather", ALL_GATHER, Resource.DP, cp.layer_bytes, phase).with_hbm(
+            "gathered_params", cp.layer_bytes) for phase in (Phase.FWD, Phase.BWD)} if self.zero == 3 else {}
         self.release_ops = {phase: _marker("zero3.release", phase).evolve(
             [("gathered_params", -cp.layer_bytes)]
-            + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == "fwd" else []))
-            for phase in ("fwd", "bwd")} if self.zero == 3 else {}
+            + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == Phase.FWD else []))
+            for phase in (Phase.FWD, Phase.BWD)} if self.zero == 3 else {}
 
     def tp_collective(self, name: str, kind: str, nbytes: float, phase: str) -> None:
         rg = self.rg
         if self.layout.tp > 1:
-            rg.add(_comm(name, kind, "tp", nbytes, phase, deps=(rg.last,) if len(rg.g) else ()), then_wait=True)
+            rg.add(_comm(name, kind, Resource.TP, nbytes, phase, deps=(rg.last,) if len(rg.g) else ()), then_wait=True)
 
     def zero3_gather(self, layer: int, after: int | None, phase: str) -> None:
         deps = (after,) if after is not None and after >= 0 else ()
@@ -392,55 +395,55 @@ class _MicrobatchBuilder:
         L = self.chunk.layers
         all_grads = self.layer_grads * L + self.emb_grads + self.loss_grads
         if not self.fresh_grads:  # the full gradients, accumulated
-            rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads))
+            rg.g.add(_marker("grads.accumulated", FWD).with_hbm("grads", all_grads))
         elif self.earlier and self.lazy_shards and not self.streams:  # the gradient shards, accumulated
-            rg.g.add(_marker("grads.accumulated", "fwd").with_hbm("grads", all_grads / dp))
+            rg.g.add(_marker("grads.accumulated", FWD).with_hbm("grads", all_grads / dp))
         if self.emb_fwd:
             data = input_ops(plan)  # the micro-batch's tokens, from the host's data loader
             if data:
                 rg.extend(data)
             rg.extend(self.emb_fwd)
-            self.tp_collective("embedding.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE, self.tp_bytes, "fwd")
+            self.tp_collective("embedding.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE, self.tp_bytes, FWD)
         else:
-            rg.g.add(_marker("input.received", "fwd").with_hbm("activations", self.x_bytes))
+            rg.g.add(_marker("input.received", FWD).with_hbm("activations", self.x_bytes))
         layer_ends: list[int] = []
         for layer in range(L):
             if zero == 3:
                 if layer == 0:
-                    self.zero3_gather(0, None, "fwd")
+                    self.zero3_gather(0, None, FWD)
                 if layer + 1 < L:  # prefetch the next layer once the one before this has finished
-                    self.zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, "fwd")
+                    self.zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, FWD)
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(self.t.fwd, layer=layer)
             layer_ends.append(last)
             if zero == 3:
-                rg.g.add(self.release_ops["fwd"])
+                rg.g.add(self.release_ops[FWD])
         cache_bytes = self.cache_bytes
         if self.loss_fwd:
             if self.sp:
-                self.tp_collective("lm_head.all_gather", ALL_GATHER, self.tp_bytes, "fwd")
+                self.tp_collective("lm_head.all_gather", ALL_GATHER, self.tp_bytes, FWD)
             rg.extend(self.loss_fwd)
             if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
                 rg.g.ops[rg.last] = rg.g.ops[rg.last].with_hbm("weight_copies", -cache_bytes * L)
             # vocab-parallel cross entropy: max, sum of exponentials and target logit over tp
-            self.tp_collective("cross_entropy.tp_all_reduce", ALL_REDUCE, 3 * self.T * 4, "fwd")
+            self.tp_collective("cross_entropy.tp_all_reduce", ALL_REDUCE, 3 * self.T * 4, FWD)
         else:
             if cache_bytes:
-                rg.g.add(_marker("autocast.release", "fwd").with_hbm("weight_copies", -cache_bytes * L))
-            rg.g.add(_marker("output.sent", "fwd").with_hbm("activations", -self.x_bytes))
+                rg.g.add(_marker("autocast.release", FWD).with_hbm("weight_copies", -cache_bytes * L))
+            rg.g.add(_marker("output.sent", FWD).with_hbm("activations", -self.x_bytes))
         return rg.last
 
     def reduce_grads(self, nbytes: float, params: float, after: int, phase: str) -> None:
         """A bucket of gradients reduced over data parallelism (the whole bucket, or this rank's shard, kept)."""
         dp, zero = self.dp, self.zero
         calls = max(1, math.ceil(nbytes / self.bucket - 1e-9))
-        op = _comm(f"grads.{self.grad_kind}", self.grad_kind, "dp", nbytes, phase, calls=calls, deps=(after,))
+        op = _comm(f"grads.{self.grad_kind}", self.grad_kind, Resource.DP, nbytes, phase, calls=calls, deps=(after,))
         if zero >= 2:  # the full gradients of the bucket give way to this rank's shard (or leave for the host)
             kept = nbytes / dp if self.lazy_shards and not self.earlier and not self.streams else 0.0
             op = op.with_hbm("grads", -nbytes + kept)
         self.last_dp = self.rg.g.add(op)
         self.sources.append(GradSource(self.last_dp, params, 0.0 if zero >= 2 else nbytes,
-                                       ("bucket", len(self.sources)), -1, 0, self.accumulate, "dp"))
+                                       ("bucket", len(self.sources)), -1, 0, self.accumulate, Resource.DP))
 
     def _layer_grads_ready(self, layer: int, last: int) -> None:
         """A layer's backward is done: its gradients leave (one rank) or join the bucket being filled."""
@@ -452,7 +455,7 @@ class _MicrobatchBuilder:
             self.pending_grads += self.layer_grads
             self.pending_params += cp.layer_trainable
             if self.pending_grads >= self.bucket:
-                self.reduce_grads(self.pending_grads, self.pending_params, last, "bwd")
+                self.reduce_grads(self.pending_grads, self.pending_params, last, BWD)
                 self.pending_grads = self.pending_params = 0.0
 
     def backward(self) -> tuple[int, int]:
@@ -461,11 +464,11 @@ class _MicrobatchBuilder:
         rg, plan, cp, zero, dp, acc = self.rg, self.plan, self.cp, self.zero, self.dp, self.acc
         L, loss_bwd = self.chunk.layers, self.loss_bwd
         if not loss_bwd:
-            rg.g.add(_marker("grad.received", "bwd").with_hbm("activation_grads", self.g_bytes))
+            rg.g.add(_marker("grad.received", BWD).with_hbm("activation_grads", self.g_bytes))
         else:
             _, loss_last = rg.extend(acc(loss_bwd))
             self.tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE,
-                               self.T * self.model.hidden_size * (4 if self.dt.autocast_casts else self.dt.act), "bwd")
+                               self.T * self.model.hidden_size * (4 if self.dt.autocast_casts else self.dt.act), BWD)
         if loss_bwd and dp == 1:
             self.sources.append(GradSource(loss_last, cp.head_trainable, self.loss_grads, ("loss",), -1, 0,
                                            self.accumulate))
@@ -479,32 +482,33 @@ class _MicrobatchBuilder:
         for k, layer in enumerate(reversed(range(L))):
             if zero == 3:
                 if k == 0:
-                    self.zero3_gather(layer, None, "bwd")
+                    self.zero3_gather(layer, None, BWD)
                 if layer - 1 >= 0:
-                    self.zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, "bwd")
+                    self.zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, BWD)
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(bwd_ops, layer=layer)
             bwd_ends.append(last)
             if zero == 3:
-                rg.g.add(self.release_ops["bwd"])
+                rg.g.add(self.release_ops[BWD])
             self._layer_grads_ready(layer, last)
         self._embedding_backward()
         if loss_bwd and self.reducing and not head_first:
             self.pending_grads += self.loss_grads
             self.pending_params += cp.head_trainable
-        bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == "gpu")
+        gpu = Resource.GPU
+        bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == gpu)
         tail_first = len(rg.g)
         if self.reducing and self.pending_grads > 0:
-            self.reduce_grads(self.pending_grads, self.pending_params, bwd_last, "bwd")
+            self.reduce_grads(self.pending_grads, self.pending_params, bwd_last, BWD)
         if self.offload.any:  # the end of backward, as an op the rewrite keeps in place
-            rg.g.add(_marker("backward.end", "bwd"))
+            rg.g.add(_marker("backward.end", BWD))
         return bwd_last, tail_first
 
     def _embedding_backward(self) -> None:
         rg, cp = self.rg, self.cp
         if self.emb_bwd:
             if self.sp:
-                self.tp_collective("embedding.all_gather.bwd", ALL_GATHER, self.tp_bytes, "bwd")
+                self.tp_collective("embedding.all_gather.bwd", ALL_GATHER, self.tp_bytes, BWD)
             rg.extend(self.acc(self.emb_bwd))
             if self.dp == 1:
                 self.sources.append(GradSource(rg.last, cp.embedding_trainable, self.emb_grads, ("embedding",), -1, 0,
@@ -513,7 +517,7 @@ class _MicrobatchBuilder:
                 self.pending_grads += self.emb_grads
                 self.pending_params += cp.embedding_trainable
         else:
-            rg.g.add(_marker("grad.sent", "bwd").with_hbm("activation_grads", -self.g_bytes))
+            rg.g.add(_marker("grad.sent", BWD).with_hbm("activation_grads", -self.g_bytes))
 
     def finish(self, widths: Widths | None, fwd_last: int, bwd_last: int, tail_first: int) -> MicrobatchGraph:
         """The optimizer (final micro-batch), the offload rewrite, ZeRO-1/2's all-gather of the
@@ -542,10 +546,10 @@ class _MicrobatchBuilder:
             g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)
             fwd_last, bwd_last, tail_first = moved[fwd_last], moved[bwd_last], moved[tail_first]
         if final and 1 <= zero <= 2:  # updated parameter shards go back to every rank
-            after = ([i for i, op in enumerate(g.ops) if op.phase == "opt" or op.resource == "dp"] if offload.optimizer
+            after = ([i for i, op in enumerate(g.ops) if op.phase == OPT or op.resource == DP] if offload.optimizer
                      else [opt_last])
             nbytes = cp.params * StateBytes.of(plan).params
-            g.add(_comm("params.all_gather", ALL_GATHER, "dp", nbytes, "opt",
+            g.add(_comm("params.all_gather", ALL_GATHER, DP, nbytes, OPT,
                         calls=max(1, math.ceil(nbytes / self.bucket - 1e-9)), deps=tuple(after)))
         return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, _saved_bytes(g.ops[:fwd_last + 1]))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.graph import ops as K
-from ghsim.graph.ops import Op
+from ghsim.graph.ops import Category, Op, Phase, Resource
 from ghsim.graph.optimizer import adamw_launches, gpu_adamw
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.dtypes import dtyped as _dtyped
@@ -66,7 +66,7 @@ def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSpli
     del b.t.live["x_next"]  # from here on, it is the next layer's "x"
     b.ops = []
     if full:  # the checkpointed forward runs again, keeping what backward needs
-        kept = b.forward(save=True, phase="recompute")
+        kept = b.forward(save=True, phase=Phase.RECOMPUTE)
         b.ops[-1] = b.t.free(b.ops[-1], ["x_next"])
     b.t.live["g"] = x_bytes if not b.dt.autocast_casts else b.Tn * model.hidden_size * 4
     b.backward(kept)
@@ -82,20 +82,20 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     dt = b.dt
     rs, act = dt.residual, dt.act
     b.t.live["x"] = T * h * rs
-    b.mem("final_norm", _dtyped("rmsnorm_fwd", rs), T * h * 2 * rs, RMSNORM_FWD_KERNELS, "norm_reduction",
+    b.mem("final_norm", _dtyped("rmsnorm_fwd", rs), T * h * 2 * rs, RMSNORM_FWD_KERNELS, Category.NORM_REDUCTION,
           creates={"fn.normed": T * h * 4, "fn.rstd": T * 4, "fn.out": T * h * rs}, transient=T * h * 4)
     cast_in = dt.autocast_casts
     if cast_in:
-        b.mem("lm_head.cast_in", "cast_fp32_to_bf16", T * h * 6, 1, "elementwise", creates={"fn.x16": T * h * 2},
+        b.mem("lm_head.cast_in", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE, creates={"fn.x16": T * h * 2},
               frees=["fn.out"])
     if dt.autocast_casts and not plan.lora_rank:
-        b.mem("lm_head.cast_w", "cast_fp32_to_bf16", V * h * 6, 1, "elementwise", creates={"lm.w16": V * h * 2})
+        b.mem("lm_head.cast_w", "cast_fp32_to_bf16", V * h * 6, 1, Category.ELEMENTWISE, creates={"lm.w16": V * h * 2})
     gemm_dt = "bf16" if dt.gemm == "fp8" else dt.gemm  # the LM head stays in bf16 under fp8
     b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
     _eager_cross_entropy_fwd(b, T, V, act)
     fwd = b.ops
     b.ops = []
-    b.phase = "bwd"
+    b.phase = Phase.BWD
     _eager_cross_entropy_bwd(b, T, V, act)
     g_logits = "g_logits"
     b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
@@ -103,19 +103,19 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         b.ops[-1] = b.t.free(b.ops[-1], [g_logits])
     elif dt.autocast_casts:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, transient=V * h * 2)
-        b.mem("lm_head.wgrad_cast", "cast_fp32_to_bf16", V * h * 6, 1, "elementwise", creates={"grad.lm": V * h * 4},
+        b.mem("lm_head.wgrad_cast", "cast_fp32_to_bf16", V * h * 6, 1, Category.ELEMENTWISE, creates={"grad.lm": V * h * 4},
               frees=[g_logits, "lm.w16"])
     else:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=[g_logits])
     g_bytes = T * h * (4 if dt.autocast_casts else rs)
     if cast_in:
-        b.mem("lm_head.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, "elementwise", creates={"g_fn32": T * h * 4},
+        b.mem("lm_head.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE, creates={"g_fn32": T * h * 4},
               frees=["g_fn", "fn.x16"])
         g_fn = "g_fn32"
     else:
         g_fn = "g_fn"
     saved = [n for n in ("fn.normed", "fn.rstd", "fn.out", "x") if n in b.t.live]
-    b.mem("final_norm.bwd", _dtyped("rmsnorm_bwd", rs), 3 * T * h * rs, RMSNORM_BWD_KERNELS, "norm_reduction",
+    b.mem("final_norm.bwd", _dtyped("rmsnorm_bwd", rs), 3 * T * h * rs, RMSNORM_BWD_KERNELS, Category.NORM_REDUCTION,
           creates={"g": g_bytes, **({} if plan.lora_rank else {"grad.final_norm": h * dt.grad})},
           frees=[g_fn] + saved, transient=T * h * 4)
     return fwd, b.ops
@@ -125,19 +125,19 @@ def _eager_cross_entropy_fwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
     """logits.float() (when the logits are 16-bit), then F.cross_entropy: "logits" becomes "lsm"."""
     logits = "logits"
     if act != 4:
-        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, Category.ELEMENTWISE,
               creates={"logits32": T * V * 4}, frees=["logits"])
         logits = "logits32"
-    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, "norm_reduction", creates={"lsm": T * V * 4},
+    b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, Category.NORM_REDUCTION, creates={"lsm": T * V * 4},
           frees=[logits])
 
 
 def _eager_cross_entropy_bwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
     """The cross entropy's backward and the cast's: "lsm" becomes "g_logits" in the logits' dtype."""
-    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, "norm_reduction",
+    b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, Category.NORM_REDUCTION,
           creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
     if act != 4:
-        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, "elementwise",
+        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, Category.ELEMENTWISE,
               creates={"g_logits": T * V * act}, frees=["g_logits32"])
     else:
         b.t.live["g_logits"] = b.t.live.pop("g_logits32")
@@ -162,15 +162,15 @@ def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
     fused_ce = plan.framework.fused_cross_entropy
     if fused_ce:
-        b.fused_op("cross_entropy", T * V * (act + 4), 1, "norm_reduction", creates={"lsm": T * V * 4},
+        b.fused_op("cross_entropy", T * V * (act + 4), 1, Category.NORM_REDUCTION, creates={"lsm": T * V * 4},
                    frees=["logits"])
     else:  # megatron-legacy: logits.float(), then the cross entropy in PyTorch ops (the eager curves)
         _eager_cross_entropy_fwd(b, T, V, act)
     fwd = b.ops
     b.ops = []
-    b.phase = "bwd"
+    b.phase = Phase.BWD
     if fused_ce:
-        b.fused_op("cross_entropy.bwd", T * V * (4 + act), 1, "norm_reduction", creates={"g_logits": T * V * act},
+        b.fused_op("cross_entropy.bwd", T * V * (4 + act), 1, Category.NORM_REDUCTION, creates={"g_logits": T * V * act},
                    frees=["lsm"])
     else:
         _eager_cross_entropy_bwd(b, T, V, act)
@@ -181,7 +181,7 @@ def _fused_loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=["g_logits"])
     stats = b._norm_stats(T)
     n_weights = 2 if model.norm == "layernorm" else 1
-    b.fused_op("final_norm.bwd", T * h * (act + 2 * rs) + stats, 2, "norm_reduction",
+    b.fused_op("final_norm.bwd", T * h * (act + 2 * rs) + stats, 2, Category.NORM_REDUCTION,
                creates={"g": T * h * rs, **({} if plan.lora_rank else {"grad.final_norm": n_weights * h * dt.grad})},
                frees=["g_fn", "fn.stats", "fn.out", "x"])
     return fwd, b.ops
@@ -191,11 +191,11 @@ def _embedding_fwd(model: ModelSpec, plan: Plan) -> Op:
     T, h, rs = plan.micro_batch * plan.seq, model.hidden_size, Dtypes.of(plan).residual
     if plan.framework.fused_kernels and model.position == "learned":
         # Megatron's Embedding: word lookup, position lookup, then their sum (three kernels)
-        op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
-                bytes=(2 + 2 + 3) * T * h * rs, kernels=LEARNED_POSITION_FWD_KERNELS, phase="fwd")
+        op = Op(name="embedding", category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=Resource.GPU, variant="copy",
+                bytes=(2 + 2 + 3) * T * h * rs, kernels=LEARNED_POSITION_FWD_KERNELS, phase=Phase.FWD)
         return op.with_hbm("activations", T * h * rs)
-    op = Op(name="embedding", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
-            bytes=2 * T * h * rs, kernels=1, phase="fwd")
+    op = Op(name="embedding", category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=Resource.GPU, variant="copy",
+            bytes=2 * T * h * rs, kernels=1, phase=Phase.FWD)
     return op.with_hbm("activations", T * h * rs)
 
 
@@ -205,20 +205,20 @@ def _embedding_bwd(model: ModelSpec, plan: Plan) -> list[Op]:
     dt = Dtypes.of(plan)
     g = T * h * (4 if dt.autocast_casts else dt.residual)
     if plan.lora_rank:  # frozen embedding: the gradient just dies
-        op = Op(name="embedding.grad_free", category="other", kind=K.MEMBOUND, resource="gpu", variant="copy",
-                kernels=0, phase="bwd")
+        op = Op(name="embedding.grad_free", category=Category.OTHER, kind=K.MEMBOUND, resource=Resource.GPU, variant="copy",
+                kernels=0, phase=Phase.BWD)
         return [op.with_hbm("activation_grads", -g)]
     if plan.framework.fused_kernels:
         # Megatron: the embedding gradient in the working gradient dtype (its main_grad buffer);
         # learned positions add the same zero-and-scatter for the position table
         width = dt.grad
         learned = model.position == "learned"
-        op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
+        op = Op(name="embedding.bwd", category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=Resource.GPU, variant="copy",
                 bytes=V * h * width + 2 * g + (plan.seq * h * width + 2 * g if learned else 0.0),
-                kernels=8 if learned else 4, phase="bwd")
+                kernels=8 if learned else 4, phase=Phase.BWD)
         return [op.with_hbm("grads", V * h * width).with_hbm("activation_grads", -g)]
-    op = Op(name="embedding.bwd", category="elementwise", kind=K.MEMBOUND, resource="gpu", variant="copy",
-            bytes=V * h * 4 + 2 * g, kernels=4, phase="bwd")
+    op = Op(name="embedding.bwd", category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=Resource.GPU, variant="copy",
+            bytes=V * h * 4 + 2 * g, kernels=4, phase=Phase.BWD)
     return [op.with_hbm("grads", V * h * 4).with_hbm("activation_grads", -g)]
 
 
@@ -239,12 +239,12 @@ def _fused_optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> l
     P, n = counts.trainable, counts.n_tensors
     dt = Dtypes.of(plan)
     launches = adamw_launches(n, P, "fused")
-    ops = [Op(name="optimizer.grad_norm", category="optimizer", kind=K.MEMBOUND, resource="gpu",
-              variant=_dtyped("copy", dt.grad), bytes=P * dt.grad, kernels=launches, phase="opt"),
+    ops = [Op(name="optimizer.grad_norm", category=Category.OPTIMIZER, kind=K.MEMBOUND, resource=Resource.GPU,
+              variant=_dtyped("copy", dt.grad), bytes=P * dt.grad, kernels=launches, phase=Phase.OPT),
            gpu_adamw("adamw.fused", P, n, "fused")]
     if dt.param < 4 and not plan.lora_rank:
-        ops.append(Op(name="optimizer.copy_to_working", category="optimizer", kind=K.MEMBOUND, resource="gpu",
-                      variant=_dtyped("copy", 4), bytes=P * (4 + dt.param), kernels=launches, phase="opt"))
+        ops.append(Op(name="optimizer.copy_to_working", category=Category.OPTIMIZER, kind=K.MEMBOUND, resource=Resource.GPU,
+                      variant=_dtyped("copy", 4), bytes=P * (4 + dt.param), kernels=launches, phase=Phase.OPT))
     return ops
 
 
@@ -289,10 +289,10 @@ def input_ops(plan: Plan) -> list[Op]:
         return []
     token_bytes = 2 * plan.micro_batch * plan.seq * 8  # input ids and labels, int64
     in_process = plan.dataloader_workers == 0
-    prep = Op(name="dataloader.batch", category=K.CPU, kind=K.HOST_WORK, resource="cpu" if in_process else "loader",
-              seconds=loader_seconds(plan) if in_process else 0.0, host_waits=in_process, kernels=0, phase="data")
-    h2d = Op(name="batch.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=token_bytes, deps=(0,),
-             kernels=0, phase="data")
+    prep = Op(name="dataloader.batch", category=K.CPU, kind=K.HOST_WORK, resource=Resource.CPU if in_process else Resource.LOADER,
+              seconds=loader_seconds(plan) if in_process else 0.0, host_waits=in_process, kernels=0, phase=Phase.DATA)
+    h2d = Op(name="batch.h2d", category=K.COPY, kind=K.H2D, resource=Resource.GPU, bytes=token_bytes, deps=(0,),
+             kernels=0, phase=Phase.DATA)
     return [prep, h2d]
 
 

@@ -37,7 +37,9 @@ import numpy as np
 
 from ghsim.graph import ops as K
 from ghsim.graph.offload.rewrite import BWD, FWD, New, Rewriter, find_runs
-from ghsim.graph.ops import UM, Op, OpGraph
+from ghsim.graph.ops import UM, Category, Op, OpGraph, Phase, Resource
+
+_OPT, _GPU = Phase.OPT, Resource.GPU  # read per op below (see graph/ops.py on member reads)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class UnifiedMemoryUse:
 
 def gpu_optimizer_mask(ops: list[Op]) -> np.ndarray:
     """Which ops are the optimizer's work on the compute stream."""
-    return np.fromiter((o.phase == "opt" and o.resource == "gpu" for o in ops), bool, len(ops))
+    return np.fromiter((o.phase == _OPT and o.resource == _GPU for o in ops), bool, len(ops))
 
 
 def apply_unified_memory(graph: OpGraph, um: UnifiedMemoryUse) -> tuple[OpGraph, list[int]]:
@@ -84,8 +86,8 @@ def apply_unified_memory(graph: OpGraph, um: UnifiedMemoryUse) -> tuple[OpGraph,
         return graph, list(range(len(graph)))
     runs = find_runs(graph)
     rw = Rewriter(graph)
-    for direction, nbytes, name, phase in ((FWD, um.per_forward_layer_bytes, "um.migrate.fwd", "fwd"),
-                                           (BWD, um.per_backward_layer_bytes, "um.migrate.bwd", "bwd")):
+    for direction, nbytes, name, phase in ((FWD, um.per_forward_layer_bytes, "um.migrate.fwd", Phase.FWD),
+                                           (BWD, um.per_backward_layer_bytes, "um.migrate.bwd", Phase.BWD)):
         if nbytes <= 0:
             continue
         op = _um_op(name, nbytes, phase, in_place=False)
@@ -96,7 +98,7 @@ def apply_unified_memory(graph: OpGraph, um: UnifiedMemoryUse) -> tuple[OpGraph,
     if um.optimizer_bytes > 0 and is_opt.any():
         first_opt = int(np.flatnonzero(is_opt)[0])
         # the optimizer streams its moments once: read in place where the link allows it
-        op = _um_op("um.optimizer", um.optimizer_bytes, "opt", in_place=um.optimizer_in_place)
+        op = _um_op("um.optimizer", um.optimizer_bytes, Phase.OPT, in_place=um.optimizer_in_place)
         rw.insert_before(first_opt, New(op, [], -1, graph.microbatch[first_opt]))
     out = rw.build()
     return out, rw.mapping
@@ -105,5 +107,5 @@ def apply_unified_memory(graph: OpGraph, um: UnifiedMemoryUse) -> tuple[OpGraph,
 def _um_op(name: str, nbytes: float, phase: str, in_place: bool) -> Op:
     # An in-place read stretches the kernel that makes it (busy, as nsys shows it);
     # a fault migration stalls the stream (idle GPU, UM memcpy rows).
-    return Op(name=name, category="other" if in_place else UM, kind=K.UM_MIGRATE, resource="gpu", bytes=nbytes,
+    return Op(name=name, category=Category.OTHER if in_place else UM, kind=K.UM_MIGRATE, resource=Resource.GPU, bytes=nbytes,
               kernels=0, phase=phase, variant="in_place" if in_place else "fault")

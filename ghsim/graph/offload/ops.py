@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from ghsim.graph import ops as K
 from ghsim.graph.offload.setup import OffloadSetup
-from ghsim.graph.ops import Op
+from ghsim.graph.ops import Category, Op, Phase, Resource
 from ghsim.graph.optimizer import gpu_adamw
 from ghsim.plan import Framework, Plan
+
+# bound once: the schedules build these ops per run and per gradient source (see graph/ops.py on member reads)
+_ELEMENTWISE, _OTHER, _GPU, _CPU, _OPT = Category.ELEMENTWISE, Category.OTHER, Resource.GPU, Resource.CPU, Phase.OPT
 
 
 def copy_op(name: str, direction: str, nbytes: float, phase: str, setup: OffloadSetup, resource: str,
@@ -16,26 +19,26 @@ def copy_op(name: str, direction: str, nbytes: float, phase: str, setup: Offload
               kernels=transfers, pinned=setup.pinned, variant="duplex" if duplex else "")
 
 
-def gpu_cast(name: str, params: float, phase: str, stream: str = "gpu") -> Op:
+def gpu_cast(name: str, params: float, phase: str, stream: str = Resource.GPU) -> Op:
     """bf16 <-> fp32 on the GPU: read one width, write the other (6 bytes per element).
     `stream`: where it is queued (the stream of the collective it follows or feeds, if any)."""
-    return Op(name=name, category="elementwise", kind=K.MEMBOUND, resource=stream, variant="cast_fp32_to_bf16",
+    return Op(name=name, category=_ELEMENTWISE, kind=K.MEMBOUND, resource=stream, variant="cast_fp32_to_bf16",
               bytes=6 * params, phase=phase, hbm_transient=4 * params)
 
 
 def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool) -> Op:
-    return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource="cpu", bytes=nbytes, phase=phase, kernels=0,
+    return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource=_CPU, bytes=nbytes, phase=phase, kernels=0,
               host_waits=host_waits)
 
 
 def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
-    return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource="cpu", params=params, phase="opt",
+    return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource=_CPU, params=params, phase=_OPT,
               variant=setup.cpu_impl, kernels=0, host_waits=host_waits)
 
 
 def _marker(name: str, phase: str) -> Op:
     """A zero-time op on the compute stream that only carries a memory change."""
-    return Op(name=name, category="other", kind=K.HOST_WORK, resource="gpu", kernels=0, phase=phase)
+    return Op(name=name, category=_OTHER, kind=K.HOST_WORK, resource=_GPU, kernels=0, phase=phase)
 
 
 def _gpu_adam(params: float, n_tensors: int, plan: Plan) -> Op:

@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.ops import Op, OpGraph, Phase
 
-FWD, BWD = "fwd", "bwd"
+FWD, BWD = Phase.FWD, Phase.BWD  # a run's direction: the phase of its ops
 
 
 class Run(NamedTuple):
@@ -29,7 +29,7 @@ class Run(NamedTuple):
 
 
 _DIRECTIONS = (None, FWD, BWD)
-_DIRECTION_CODE = {"fwd": 1, "bwd": 2, "recompute": 2}  # by phase (Phase members hash as their values)
+_DIRECTION_CODE = {Phase.FWD: 1, Phase.BWD: 2, Phase.RECOMPUTE: 2}  # by phase (Phase members hash as their values)
 
 
 def find_runs(graph: OpGraph) -> list[Run]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ghsim.graph import ops as K
 from ghsim.graph.offload.rewrite import BWD, FWD, Rewriter
-from ghsim.graph.ops import Op
+from ghsim.graph.ops import Op, Phase, Resource
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
 
@@ -55,20 +55,20 @@ def sync_activation_offload(fwd: list[Op], bwd: list[Op], model: ModelSpec, plan
     """save_on_cpu around a layer: its saved tensors leave at the end of its forward with
     blocking copies (the host waits) and come back before its backward, on the compute stream."""
     nbytes, copies = save_on_cpu_layer(model, plan, saved)
-    d2h = Op(name="activations.d2h", category=K.COPY, kind=K.D2H, resource="gpu", bytes=nbytes, kernels=copies,
-             phase="fwd", host_waits=True, host_alloc=nbytes, mem_tag="offloaded_activations")
-    h2d = Op(name="activations.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=nbytes, kernels=copies,
-             phase="bwd", host_free=nbytes, mem_tag="offloaded_activations")
+    d2h = Op(name="activations.d2h", category=K.COPY, kind=K.D2H, resource=Resource.GPU, bytes=nbytes, kernels=copies,
+             phase=Phase.FWD, host_waits=True, host_alloc=nbytes, mem_tag="offloaded_activations")
+    h2d = Op(name="activations.h2d", category=K.COPY, kind=K.H2D, resource=Resource.GPU, bytes=nbytes, kernels=copies,
+             phase=Phase.BWD, host_free=nbytes, mem_tag="offloaded_activations")
     return [*fwd, d2h.with_hbm("activations", -saved)], [h2d.with_hbm("activations", saved), *bwd]
 
 
 def _sync_loss_offload(rw: Rewriter, by_mb, model: ModelSpec, plan: Plan, new) -> None:
     """save_on_cpu also packs what the final norm, the LM head and the loss save."""
     nbytes, copies = save_on_cpu_loss(model, plan)
-    d2h = Op(name="loss_activations.d2h", category=K.COPY, kind=K.D2H, resource="gpu", bytes=nbytes, kernels=copies,
-             phase="fwd", host_waits=True, host_alloc=nbytes, mem_tag="offloaded_activations")
-    h2d = Op(name="loss_activations.h2d", category=K.COPY, kind=K.H2D, resource="gpu", bytes=nbytes, kernels=copies,
-             phase="bwd", host_free=nbytes, mem_tag="offloaded_activations")
+    d2h = Op(name="loss_activations.d2h", category=K.COPY, kind=K.D2H, resource=Resource.GPU, bytes=nbytes, kernels=copies,
+             phase=Phase.FWD, host_waits=True, host_alloc=nbytes, mem_tag="offloaded_activations")
+    h2d = Op(name="loss_activations.h2d", category=K.COPY, kind=K.H2D, resource=Resource.GPU, bytes=nbytes, kernels=copies,
+             phase=Phase.BWD, host_free=nbytes, mem_tag="offloaded_activations")
     for mb, dirs in by_mb.items():
         fwd_loss = [r for r in dirs[FWD] if r.layer < 0]
         bwd_loss = [r for r in dirs[BWD] if r.layer < 0]

@@ -10,8 +10,12 @@ from ghsim.graph import ops as K
 from ghsim.graph.offload.ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload.rewrite import BWD, FWD, New
 from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
-from ghsim.graph.ops import Op, OpGraph
+from ghsim.graph.ops import Op, OpGraph, Phase, Resource
 from ghsim.plan import OffloadSchedule
+
+# bound once: read per run and per gradient source below (see graph/ops.py on member reads)
+OPT = Phase.OPT
+_GPU, _DP, _CPU, _H2D, _D2H = Resource.GPU, Resource.DP, Resource.CPU, Resource.H2D, Resource.D2H
 
 
 def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd) -> None:
@@ -19,9 +23,9 @@ def _activation_copies(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd) -> 
     saved = facts.saved_per_layer
     if saved <= 0:
         return
-    d2h = copy_op("activations.d2h", K.D2H, saved, "fwd", setup, "d2h", duplex=duplex_fwd).evolve(
+    d2h = copy_op("activations.d2h", K.D2H, saved, FWD, setup, _D2H, duplex=duplex_fwd).evolve(
         (("activations", -saved),), host_alloc=saved, mem_tag="offloaded_activations")
-    h2d = copy_op("activations.h2d", K.H2D, saved, "bwd", setup, "h2d", duplex=duplex_bwd).evolve(
+    h2d = copy_op("activations.h2d", K.H2D, saved, BWD, setup, _H2D, duplex=duplex_bwd).evolve(
         (("activations", saved),), host_free=saved, mem_tag="offloaded_activations")
     for mb, dirs in by_mb.items():
         sent = {}
@@ -52,10 +56,10 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
     for mb, dirs in by_mb.items():
         for direction, duplex in ((FWD, duplex_fwd), (BWD, duplex_bwd)):
             seq = dirs[direction]
-            fetch_op = copy_op(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, "h2d",
+            fetch_op = copy_op(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, _H2D,
                              duplex=duplex).with_hbm("param_buffers", buffer)
             release = _marker(f"params.release.{direction}", direction).with_hbm("param_buffers", -buffer)
-            casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in ("gpu", "dp")} if fsdp else {}
+            casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in (_GPU, _DP)} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
             for n, (k, run) in enumerate(layer_runs):
                 gather = gathers.get((direction, run.layer))
@@ -64,7 +68,7 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
                 deps = [layer_runs[n - 2][1].last] if n >= 2 else []  # its buffer is free again
                 fetch = rw.insert_before(ahead, new(fetch_op, deps, run.layer, mb))
                 if casts:
-                    fetch = rw.insert_before(consumer, new(casts["gpu" if gather is None else "dp"], [fetch],
+                    fetch = rw.insert_before(consumer, new(casts[_GPU if gather is None else _DP], [fetch],
                                                            run.layer, mb))
                 rw.add_dep(consumer, fetch)
                 rw.insert_after(run.last, new(release, [], run.layer, mb))
@@ -159,22 +163,22 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
         deps: list = [at]
         if widths.grad_gpu_cast:
             cast = _shared(alike, ("grads.cast_fp32", params, src.stream),
-                           lambda: gpu_cast("grads.cast_fp32", params, "bwd", src.stream))
+                           lambda: gpu_cast("grads.cast_fp32", params, BWD, src.stream))
             deps = [rw.insert_after(at, new(cast, deps, layer, mb))]
         nbytes = params * widths.grad
         d2h = _shared(alike, ("grads.d2h", nbytes), lambda: copy_op(
-            "grads.d2h", K.D2H, nbytes, "bwd", setup, "d2h", _bucket_count(nbytes, setup, widths.bucket_d2h),
+            "grads.d2h", K.D2H, nbytes, BWD, setup, _D2H, _bucket_count(nbytes, setup, widths.bucket_d2h),
             duplex_bwd))
         if src.held > 0:  # the GPU gradient is freed once it has left
             d2h = d2h.with_hbm("grads", -src.held)
         last = rw.insert_after(at, new(d2h, deps, layer, mb))
         if widths.grad_cpu_cast:
             cast = _shared(alike, ("grads.cast_fp32.cpu", params),
-                           lambda: cpu_bytes("grads.cast_fp32.cpu", params * 6, "bwd", False))
+                           lambda: cpu_bytes("grads.cast_fp32.cpu", params * 6, BWD, False))
             last = rw.insert_after(at, new(cast, [last], layer, mb))
         if src.accumulate:  # accumulate into the fp32 host gradient: read both, write one
             add = _shared(alike, ("grads.accumulate.cpu", params),
-                          lambda: cpu_bytes("grads.accumulate.cpu", params * 12, "bwd", False))
+                          lambda: cpu_bytes("grads.accumulate.cpu", params * 12, BWD, False))
             last = rw.insert_after(at, new(add, [last], layer, mb))
         if mb == last_mb:
             arrivals.append((last, params, src))
@@ -195,25 +199,25 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
         chain = [new(adam, deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
             cast = _shared(alike, ("params.cast_bf16.cpu", params),
-                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, "opt", main_thread))
+                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
         if returns:
             nbytes = params * widths.param
             h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
-                "params.h2d", K.H2D, nbytes, "opt", setup, "h2d", _bucket_count(nbytes, setup, widths.bucket_h2d),
+                "params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d),
                 superoffload and duplex_bwd))
             chain.append(new(h2d, [prev], src.layer, last_mb))
             if widths.param_gpu_cast:
-                cast = _shared(alike, ("params.cast_bf16", params), lambda: gpu_cast("params.cast_bf16", params, "opt"))
+                cast = _shared(alike, ("params.cast_bf16", params), lambda: gpu_cast("params.cast_bf16", params, OPT))
                 chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         if superoffload:
             # speculative: the CPU steps right behind each bucket, during backward; the copies
             # back are queued after backward's own host-to-device traffic
-            cpu_part = [n for n in chain if n.op.resource == "cpu"]
+            cpu_part = [n for n in chain if n.op.resource == _CPU]
             for n in cpu_part:
                 rw.insert_after(src.after, n)
-            later.extend(n for n in chain if n.op.resource != "cpu")
+            later.extend(n for n in chain if n.op.resource != _CPU)
         else:
             for n in chain:  # tile by tile: each layer's copy leaves while the CPU updates the next
                 rw.append(n)
@@ -246,12 +250,12 @@ def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, p
     if cpu_params <= 0:
         return
     tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
-    d2h_op = copy_op("grads.d2h", K.D2H, cpu_params * grad_width, "opt", setup, "gpu", tensors)
+    d2h_op = copy_op("grads.d2h", K.D2H, cpu_params * grad_width, OPT, setup, _GPU, tensors)
     d2h = rw.append(new(d2h_op.evolve(host_waits=True), ready))
     adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
     width = facts.gpu_param_width
     last = adam
     if width == 2:
-        last = rw.append(new(cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, "opt", True), [adam]))
-    h2d_op = copy_op("params.h2d", K.H2D, cpu_params * width, "opt", setup, "gpu", tensors)
+        last = rw.append(new(cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, OPT, True), [adam]))
+    h2d_op = copy_op("params.h2d", K.H2D, cpu_params * width, OPT, setup, _GPU, tensors)
     rw.append(new(h2d_op.evolve(host_waits=True), [last]))

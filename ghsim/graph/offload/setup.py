@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
+from ghsim.graph.ops import Resource
 from ghsim.graph.optimizer import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
 from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
@@ -103,7 +104,7 @@ class GradSource:
     layer: int = -1
     mb: int = 0
     accumulate: bool = False  # the host adds them to earlier micro-batches' gradients
-    stream: str = "gpu"  # where they are produced (a GPU cast of them is queued there)
+    stream: str = Resource.GPU  # where they are produced (a GPU cast of them is queued there)
 
 
 @dataclass(frozen=True)
