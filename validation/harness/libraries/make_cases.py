@@ -5,7 +5,9 @@ case.toml (validation/cases format, plus what ghsim cannot express), result.json
 """
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import shutil
 import sys
 from pathlib import Path
@@ -90,6 +92,19 @@ def plan_for(r):
     return p, notes
 
 
+TRACE = "trace.pt.trace.json.xz"
+
+
+def _copy_trace(r, trace_dir: Path, d: Path) -> bool:
+    """The device's gzip trace, recompressed with xz (a third smaller; ghsim reads both) into the
+    case folder; a trace already there from an earlier run is kept."""
+    t = trace_dir / f"{r['name']}.trace.json.gz"
+    if r.get("trace") and t.exists():
+        with gzip.open(t) as src, lzma.open(d / TRACE, "wb", preset=6) as dst:
+            shutil.copyfileobj(src, dst)
+    return (d / TRACE).exists()
+
+
 def write_case(r, trace_dir: Path):
     name = r["name"]
     sp = r["spec"]
@@ -97,6 +112,7 @@ def write_case(r, trace_dir: Path):
     d.mkdir(parents=True, exist_ok=True)
     mname, h, i, L, nh, kv, hd = MODEL[sp["model"]]
     plan, notes = plan_for(r)
+    trace = _copy_trace(r, trace_dir, d)
     lines = ["[case]", f"name = {tq(name)}"]
     desc = {"ds": "DeepSpeed ZeRO-{} {}".format(sp.get("ds", {}).get("stage"),
                                                 json.dumps({k: v for k, v in sp.get("ds", {}).items()
@@ -107,8 +123,10 @@ def write_case(r, trace_dir: Path):
     lines += [f"description = {tq(full)}",
               'hardware = "h100-sxm"', 'date = "2026-11-24"', f"gpu = {tq(r.get('gpu', 'NVIDIA H100 80GB HBM3'))}",
               f"software = {tq(SOFT)}", f"method = {tq(METHOD)}"]
-    if r.get("trace"):
-        lines.append('trace = "trace.pt.trace.json.gz"')
+    if trace:
+        lines.append(f'trace = "{TRACE}"')
+    elif r.get("trace"):
+        r["trace_lost"] = True  # recorded on the device, but the call's trace archive exceeded 16 MiB
     lines.append(f"plan_notes = {tq(' | '.join(notes))}")
     if not r.get("ok"):
         lines.append(f"status = {tq('failed: ' + str(r.get('error'))[:400])}")
@@ -136,13 +154,7 @@ def write_case(r, trace_dir: Path):
               '"cpu.cores" = { value = 16, source = "measured machine: 16 vCPUs (os.cpu_count) in a Firecracker VM, Intel Xeon with AVX-512 and AMX" }', ""]
     (d / "case.toml").write_text("\n".join(lines))
     (d / "result.json").write_text(json.dumps(r, indent=1, default=str))
-    t = trace_dir / f"{name}.trace.json.gz"
-    if r.get("trace") and t.exists():
-        shutil.copy(t, d / "trace.pt.trace.json.gz")
-    elif r.get("trace"):
-        with open(d / "case.toml", "a") as f:
-            f.write("# trace was recorded on the device but did not come back (the call's trace archive exceeded 16 MiB)\n")
-        r["trace_lost"] = True
+
     return r
 
 
