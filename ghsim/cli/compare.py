@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.cli.options import load_hardware_for, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -48,7 +48,7 @@ def compare(hardware_names: tuple[str, ...], best: bool, as_json: bool, **kw: An
     from ghsim.model import load_model
 
     model = load_model(kw["model_name"])
-    hardware = [load_hardware(h) for h in hardware_names]
+    hardware = [load_hardware_for(h, kw) for h in hardware_names]
     plan = plan_from_flags(kw)
     finder = _best_plan_finder() if best else None
     result = run_compare(model, hardware, plan, best_plan=finder)

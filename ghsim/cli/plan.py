@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import FLAG_TO_FIELD, plan_from_flags, plan_options
+from ghsim.cli.options import FLAG_TO_FIELD, load_hardware_for, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
@@ -135,7 +135,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     if price is not None and price <= 0:
         raise GhsimError("--price must be positive")
     model = load_model(kw["model_name"])
-    hw = load_hardware(hardware_name)
+    hw = load_hardware_for(hardware_name, kw)
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
     try:

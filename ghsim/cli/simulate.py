@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.cli.options import load_hardware_for, plan_from_flags, plan_options
 from ghsim.tomlio import write_text
 
 
@@ -29,7 +29,7 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
     from ghsim.simulate import simulate as run_simulation
 
     model = load_model(kw["model_name"])
-    hw = load_hardware(hardware_name)
+    hw = load_hardware_for(hardware_name, kw)
     plan = plan_from_flags(kw)
     report = run_simulation(model, hw, plan)
     if trace_file:

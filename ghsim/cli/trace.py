@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.cli.options import load_hardware_for, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -56,7 +56,7 @@ def trace_command(hardware_name: str, steps: str, startup_s: float, output: str,
     from ghsim.simulate import simulate as run_simulation
     from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
 
-    report = run_simulation(load_model(kw["model_name"]), load_hardware(hardware_name), plan_from_flags(kw),
+    report = run_simulation(load_model(kw["model_name"]), load_hardware_for(hardware_name, kw), plan_from_flags(kw),
                             keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)
     click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
