@@ -320,3 +320,13 @@ def test_cli_bad_hardware_for_offload_and_unified_memory_exit_2(tmp_path: Path):
     res = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--hardware", str(tiny_host),
                                     "--offload", "optimizer"])
     assert res.exit_code == 2 and "host memory" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_zero3_optimizer_offload_returns_parameters_through_pageable_memory(cal):
+    """DeepSpeed 0.19 stage 3 with offload_optimizer only: the training thread copies each updated
+    piece up from pageable memory before it steps the next (its trace: Pageable -> Device)."""
+    g = graph_of(cal, offload=OPT, framework="deepspeed", zero=3)
+    ups = [g.ops[i] for i in named(g, "params.h2d")]
+    assert ups and all(not op.pinned and op.host_waits for op in ups)
+    z3 = run(cal, offload=OPT, framework="deepspeed", zero=3).step_time_s
+    assert z3 > run(cal, offload=OPT, framework="deepspeed", zero=2).step_time_s

@@ -206,7 +206,13 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
                            lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
-        if returns:
+        if returns and setup.pageable_param_return:  # the training thread copies it up before the next piece
+            nbytes = params * widths.param
+            h2d = _shared(alike, ("params.h2d.pageable", nbytes), lambda: copy_op(
+                "params.h2d", K.H2D, nbytes, OPT, setup, _H2D).evolve(pinned=False, host_waits=True))
+            chain.append(new(h2d, [prev], src.layer, last_mb))
+            prev = chain[-1]
+        elif returns:
             nbytes = params * widths.param
             h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
                 "params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d),

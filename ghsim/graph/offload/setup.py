@@ -34,6 +34,10 @@ class OffloadSetup:
     # DeepSpeed ZeRO-Offload at stage 1/2 (overlap_comm false by default): each gradient is cast
     # to fp32 on the GPU and copied into the pinned fp32 buffer on the stream that made it
     serial_grad_copies: bool = False
+    # DeepSpeed 0.19 ZeRO-3 with offload_optimizer only: each sub-group's updated fp32 partition is
+    # copied into the GPU's 16-bit partition by the training thread from pageable memory
+    # (aten::copy_ with a dtype change; its trace: Pageable -> Device), whatever pin_memory says
+    pageable_param_return: bool = False
     grad_clip: bool = False
 
     @property
@@ -76,6 +80,7 @@ def resolve(plan: Plan) -> OffloadSetup:
         cpu_impl=resolve_cpu_optimizer(plan),
         pinned=plan.offload_pinned,
         serial_grad_copies=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2,
+        pageable_param_return=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3,
         grad_clip=plan.grad_clip,
     )
 
