@@ -23,14 +23,17 @@ def _echo_json(obj: Any) -> None:
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw timeline and memory to a PNG.")
 def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
     """Simulate one training step and report time, memory and utilization."""
-    from ghsim.hardware import load_hardware
+    from ghsim.hardware import load_hardware, node_profile_for
     from ghsim.model import load_model
     from ghsim.report.step_report import chrome_trace, render_table
     from ghsim.simulate import simulate as run_simulation
 
     model = load_model(kw["model_name"])
-    hw = load_hardware(hardware_name)
     plan = plan_from_flags(kw)
+    node = node_profile_for(load_hardware(hardware_name), plan.gpus, plan.gpus_per_node)
+    hw = node.hardware
+    if node.note:
+        click.echo(f"note: {node.note}", err=True)
     report = run_simulation(model, hw, plan)
     if trace_file:
         write_text(trace_file, json.dumps(chrome_trace(report)))
