@@ -325,3 +325,19 @@ def node_profile_for(hw: Hardware, gpus: int, gpus_per_node: int) -> NodeChoice:
                               f"{bigger[0].gpus_per_node}-GPU nodes on {bigger[0].gpu_link.kind} use "
                               f"--hardware {bigger[0].name}")
     return NodeChoice(hw, None)
+
+
+def assumed_figures(hw: Hardware) -> list[str]:
+    """Dotted keys of the profile's figures whose source says they are assumptions, not measured or published."""
+    found: list[str] = []
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and "source" in value and "value" in value:
+                if str(value["source"]).lower().startswith("assumption"):
+                    found.append(prefix + key)
+            elif isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+
+    walk(hw.raw, "")
+    return found

@@ -97,3 +97,13 @@ def test_no_fit_advice_reports_a_layout_error_not_memory_advice():
     advice = no_fit_advice(r)
     assert advice[0].startswith("no plan could be simulated") and reason in advice[0]
     assert not any("no plan fits" in line for line in advice)
+
+
+def test_hardware_listing_names_node_size_and_assumed_figures():
+    from ghsim.hardware import assumed_figures
+
+    gh = assumed_figures(load_hardware("gh200-96gb"))
+    assert "unified_memory.migration_gbps" in gh and "host_link.h2d_pinned_gbps" not in gh
+    out = CliRunner().invoke(main, ["hardware"]).output
+    quad = next(line for line in out.splitlines() if line.startswith("gh200-96gb-quad"))
+    assert "4 GPU(s)/node" in quad and "assumed: " in quad and "unified_memory.migration_gbps" in quad
