@@ -41,6 +41,7 @@ class Case:
     measured: dict[str, Any]
     tolerance: dict[str, float]
     trace: Path | None
+    published: bool = False  # measured by others (a paper's data): the profile's host figures stand
 
 
 @dataclass
@@ -102,7 +103,14 @@ def load_case(folder: Path, defaults: dict[str, float]) -> Case:
     return Case(name=str(c["name"]), folder=folder, description=str(c.get("description", "")),
                 hardware_name=str(c["hardware"]), hardware_overrides=dict(d.get("hardware_overrides", {})),
                 model_table=d["model"], plan=plan_from_dict(d["plan"], f"{where} [plan]"), measured=measured,
-                tolerance=tol, trace=trace)
+                tolerance=tol, trace=trace, published=_published(c, where))
+
+
+def _published(c: dict[str, Any], where: str) -> bool:
+    value = c.get("published", False)
+    if not isinstance(value, bool):
+        raise GhsimError(f"{where}: [case] 'published' must be true or false")
+    return value
 
 
 def find_cases(root: Path) -> list[Path]:
@@ -137,12 +145,13 @@ def case_hardware(case: Case):
     """The case's profile, with the measuring machine's differences applied.
 
     The lent machines' host CPU optimizer rate is the one measured on them
-    (the calibration's optimizer_cpu row), not the profile's whole-node figure.
+    (the calibration's optimizer_cpu row), not the profile's whole-node figure; a
+    published case ran on the machine its profile describes, so the profile's stands.
     """
     base = load_hardware(case.hardware_name)
     overrides = dict(case.hardware_overrides)
     cal = load_calibration(base.calibration)
-    if cal.optimizer_cpu_params_per_s and "cpu.adamw_params_per_s" not in overrides:
+    if cal.optimizer_cpu_params_per_s and "cpu.adamw_params_per_s" not in overrides and not case.published:
         overrides["cpu.adamw_params_per_s"] = {
             "value": cal.optimizer_cpu_params_per_s,
             "source": f"measured on the lent machine: {cal.source} optimizer_cpu",

@@ -65,6 +65,7 @@ def case_toml(path: str, nodes: int, pp: int, dp: int, mb: int, gb: int, real: f
 name = "{case_name(nodes, pp, dp, mb, gb)}"
 description = "Sailor (SOSP'25) Fig. 5b: OPT-350M fp32, Megatron-DeepSpeed, TP 4 in each quad-GH200 node x PP {pp} x DP {dp} on {nodes} node(s), micro-batch {mb}, global batch {gb}"
 hardware = "gh200-96gb-quad"
+published = true
 source = "github.com/{REPO} commit {COMMIT}, {WHERE}/{path} (real, max_mem)"
 system = "CSCS Clariden (Alps): quad GH200 nodes, Slingshot-11, one NIC per GH200"
 method = "Megatron-DeepSpeed pretrain_gpt.py via DeepSpeed's PipelineEngine (also for PP 1), 10 iterations; step time = mean of the iteration times after the first 3 (process_results.py); memory = nvidia-smi memory.used (device total: CUDA context, NCCL buffers and the caching allocator's reserve included), largest over ranks"
