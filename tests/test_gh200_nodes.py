@@ -55,9 +55,10 @@ def test_simulate_cli_takes_the_quad_node_with_one_note_and_clean_json():
     r = CliRunner().invoke(main, ["simulate", "--model", "llama-3-8b", "--hardware", "gh200-96gb", "--gpus", "4",
                                   "--gpus-per-node", "4", "--zero", "3", "--seq", "1024", "--json"])
     assert r.exit_code == 0, r.output
-    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note:")]
-    assert len(notes) == 1 and "gh200-96gb-quad" in notes[0]
-    report = json.loads(r.stdout)
+    report = json.loads(r.output)  # nothing else on stdout or stderr
+    assert "reads as gh200-96gb-quad" in report["notes"][0]
+    assert sum("gh200-96gb-quad" in n for n in report["notes"]) == 1
+    assert report["hardware"]["name"] == "gh200-96gb-quad"
     assert "1 node(s) of 4 GPUs" in " ".join(report["notes"])
 
 
@@ -76,7 +77,8 @@ def test_plan_cli_finds_plans_on_the_quad_node_instead_of_saying_no_plan_fits(ti
                                   "full", "--cuda-graphs", "--jobs", "1", "--json"])
     assert r.exit_code == 0, r.output
     assert "no plan fits" not in r.output
-    assert json.loads(r.stdout)["n_feasible"] > 0
+    out = json.loads(r.output)
+    assert out["n_feasible"] > 0 and "gh200-96gb-quad" in out["node_note"]
 
 
 def test_no_fit_advice_reports_a_layout_error_not_memory_advice():

@@ -139,8 +139,6 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     base, pins, baseline = base_and_pins(kw)
     node = node_profile_for(load_hardware(hardware_name), base.gpus, base.gpus_per_node)
     hw = node.hardware
-    if node.note:
-        click.echo(f"note: {node.note}", err=True)
     try:
         precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
     except ValueError:
@@ -179,8 +177,13 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
             plot_pareto(result, plot_file)
     advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
     if as_json:
-        click.echo(json.dumps(to_json(result, top, base_eval), indent=2))
+        out = to_json(result, top, base_eval)
+        if node.note:
+            out["node_note"] = node.note
+        click.echo(json.dumps(out, indent=2))
     else:
+        if node.note:
+            click.echo(f"note: {node.note}")
         if base_eval is not None:
             click.echo(baseline_line(result, base_eval))
         click.echo(render_table(result, top) if result.ranked else "\n".join(advice))

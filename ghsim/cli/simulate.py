@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -32,9 +33,9 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
     plan = plan_from_flags(kw)
     node = node_profile_for(load_hardware(hardware_name), plan.gpus, plan.gpus_per_node)
     hw = node.hardware
-    if node.note:
-        click.echo(f"note: {node.note}", err=True)
     report = run_simulation(model, hw, plan)
+    if node.note:  # which node kind the flags were read as: the report's first note
+        report = dataclasses.replace(report, notes=(node.note, *report.notes))
     if trace_file:
         write_text(trace_file, json.dumps(chrome_trace(report)))
     if plot_file:
