@@ -137,8 +137,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     model = load_model(kw["model_name"])
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
-    node = node_profile_for(load_hardware(hardware_name), base.gpus, base.gpus_per_node)
-    hw = node.hardware
+    hw = (node := node_profile_for(load_hardware(hardware_name), base.gpus, base.gpus_per_node)).hardware
     try:
         precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
     except ValueError:
@@ -177,10 +176,8 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
             plot_pareto(result, plot_file)
     advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
     if as_json:
-        out = to_json(result, top, base_eval)
-        if node.note:
-            out["node_note"] = node.note
-        click.echo(json.dumps(out, indent=2))
+        note = {"node_note": node.note} if node.note else {}
+        click.echo(json.dumps({**to_json(result, top, base_eval), **note}, indent=2))
     else:
         if node.note:
             click.echo(f"note: {node.note}")
