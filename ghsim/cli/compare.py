@@ -44,7 +44,6 @@ def compare(hardware_names: tuple[str, ...], best: bool, as_json: bool, **kw: An
     """The same plan on two or more hardware profiles: time, memory, speedup and why."""
     from ghsim.compare import compare as run_compare
     from ghsim.compare import render
-    from ghsim.hardware import load_hardware
     from ghsim.model import load_model
 
     model = load_model(kw["model_name"])

@@ -121,7 +121,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     Any other plan flag pins that dimension. --plan/--deepspeed: your own plan, simulated and
     compared with the best one found.
     """
-    from ghsim.hardware import load_hardware
+    from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
     from ghsim.plan import Precision
     from ghsim.search.core import default_jobs, search
@@ -135,9 +135,9 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     if price is not None and price <= 0:
         raise GhsimError("--price must be positive")
     model = load_model(kw["model_name"])
-    hw = load_hardware_for(hardware_name, kw)
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
+    hw = (node := node_profile_for(load_hardware_for(hardware_name, kw), base.gpus, base.gpus_per_node)).hardware
     try:
         precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
     except ValueError:
@@ -176,15 +176,17 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
             plot_pareto(result, plot_file)
     advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
     if as_json:
-        click.echo(json.dumps(to_json(result, top, base_eval), indent=2))
+        note = {"node_note": node.note} if node.note else {}
+        click.echo(json.dumps({**to_json(result, top, base_eval), **note}, indent=2))
     else:
+        if node.note:
+            click.echo(f"note: {node.note}")
         if base_eval is not None:
             click.echo(baseline_line(result, base_eval))
         click.echo(render_table(result, top) if result.ranked else "\n".join(advice))
     if not result.ranked:
         fixes = [line.strip("- ").strip() for line in advice if line.startswith("  - ")]
-        raise GhsimError(f"no plan fits {model.name} on {base.gpus} x {hw.name}"
-                         + (f"; try {fixes[0]}" if fixes else ""))
+        raise GhsimError(advice[0].rstrip(".") + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:
         click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
 

@@ -51,7 +51,6 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
 @click.option("--program", default="python train.py", show_default=True, help="The training command.")
 def trace_command(hardware_name: str, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
     """Print the nsys command and PyTorch profiler schedule that capture steps A-B."""
-    from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.simulate import simulate as run_simulation
     from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet

@@ -41,6 +41,7 @@ class Case:
     measured: dict[str, Any]
     tolerance: dict[str, float]
     trace: Path | None
+    published: bool = False  # measured by others (a paper's data): the profile's host figures stand
 
 
 @dataclass
@@ -102,7 +103,14 @@ def load_case(folder: Path, defaults: dict[str, float]) -> Case:
     return Case(name=str(c["name"]), folder=folder, description=str(c.get("description", "")),
                 hardware_name=str(c["hardware"]), hardware_overrides=dict(d.get("hardware_overrides", {})),
                 model_table=d["model"], plan=plan_from_dict(d["plan"], f"{where} [plan]"), measured=measured,
-                tolerance=tol, trace=trace)
+                tolerance=tol, trace=trace, published=_published(c, where))
+
+
+def _published(c: dict[str, Any], where: str) -> bool:
+    value = c.get("published", False)
+    if not isinstance(value, bool):
+        raise GhsimError(f"{where}: [case] 'published' must be true or false")
+    return value
 
 
 def find_cases(root: Path) -> list[Path]:
@@ -143,7 +151,8 @@ def case_hardware(case: Case):
     The lent machines' host memory bandwidth is the one their calibration run measured: its
     fastest CPU AdamW row (torch's fused AdamW on all threads) times the bytes that implementation
     streams per update (cost/cpu_optimizer.py), expressed as the profile's bandwidth-derived
-    adamw_params_per_s (28 B per update), not the profile's whole-node figure.
+    adamw_params_per_s (28 B per update), not the profile's whole-node figure;
+    a published case ran on the machine its profile describes, so the profile's figure stands.
     """
     from ghsim.cost.cpu_optimizer import ADAMW_STREAM_BYTES, curve_of
     from ghsim.plan import CpuOptimizer
@@ -151,7 +160,7 @@ def case_hardware(case: Case):
     base = load_hardware(case.hardware_name)
     overrides = dict(case.hardware_overrides)
     cal = load_calibration(base.calibration)
-    if cal.optimizer_cpu_params_per_s and "cpu.adamw_params_per_s" not in overrides:
+    if cal.optimizer_cpu_params_per_s and "cpu.adamw_params_per_s" not in overrides and not case.published:
         fused_bytes = curve_of(CpuOptimizer.TORCH_FUSED).bytes_per_param
         overrides["cpu.adamw_params_per_s"] = {
             "value": cal.optimizer_cpu_params_per_s * fused_bytes / ADAMW_STREAM_BYTES,
