@@ -113,7 +113,7 @@ def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
     return (
         engine.Resource(Resource.GPU, slowed_by=COMM_STREAMS, slowdown=slowdown),
         engine.Resource(Resource.H2D), engine.Resource(Resource.D2H), engine.Resource(Resource.CPU),
-        engine.Resource(Resource.LOADER),
+        engine.Resource(Resource.LOADER), engine.Resource(Resource.HOST),
         *(engine.Resource(s) for s in COMM_STREAMS),
         engine.Resource(Resource.MEM),
     )

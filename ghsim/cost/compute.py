@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
+from ghsim.cost.library_overheads import zero3_hook_seconds
+from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
 from ghsim.graph.flops import gemm_flops
+from ghsim.graph.offload.ops import SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
 from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, GpuAdam
@@ -145,6 +148,13 @@ class CostModel:
         return fit.fixed_s + params / (fit.rate * self.hbm_ratio)
 
     # --- host side ------------------------------------------------------------
+    def host_work_time(self, op: Op) -> float:
+        """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module."""
+        if op.variant == ZERO3_HOOKS:
+            fwd_s, bwd_s = zero3_hook_seconds()
+            return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
+        return op.seconds
+
     def cpu_optimizer_time(self, params: float, impl: str) -> float:
         return self.host.cpu_optimizer_time(params, impl)
 
@@ -165,6 +175,10 @@ class CostModel:
             # a fused optimizer's other multi-tensor passes (Megatron's gradient norm, master copy):
             # one call each, its further chunk launches at a bare launch
             return self.launch.opt_s + max(op.kernels - 1, 0) * self.hw.kernel_launch_s
+        if op.phase == _OPT_PHASE:
+            # plain eager ops around the optimizer (DeepSpeed's per-tensor norm checks, casts):
+            # the measured cost of a small eager op, no autograd or optimizer bookkeeping
+            return op.kernels * self.cal.eager_op_s
         return op.kernels * self.launch.per_kernel(op.phase)
 
     def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:
@@ -209,9 +223,9 @@ _PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
     Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant),
     Kind.H2D: _copy,
     Kind.D2H: _copy,
-    Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes),
+    Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes, op.variant == SINGLE_THREAD),
     Kind.UM_MIGRATE: _um_migrate,
-    Kind.HOST_WORK: lambda cm, op: op.seconds,
+    Kind.HOST_WORK: lambda cm, op: cm.host_work_time(op),
 }
 
 

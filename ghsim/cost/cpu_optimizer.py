@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from ghsim.errors import GhsimError
 from ghsim.tomlio import read_toml, repo_root, sourced
@@ -61,6 +60,7 @@ class CpuOptimizerCurve:
 class ReferenceHost:
     stream_bandwidth: float  # bytes/s all of its threads stream
     stream_bandwidth_per_thread: float
+    single_thread_copy_bandwidth: float
 
 
 @lru_cache(maxsize=1)
@@ -68,7 +68,8 @@ def cpu_optimizer_table() -> tuple[ReferenceHost, dict[CpuOptimizer, CpuOptimize
     where = str(TABLE)
     d = read_toml(TABLE)
     ref = d.get("reference_host", {})
-    host = ReferenceHost(sourced(ref, "stream_bandwidth", where), sourced(ref, "stream_bandwidth_per_thread", where))
+    host = ReferenceHost(*(sourced(ref, k, where) for k in (
+        "stream_bandwidth", "stream_bandwidth_per_thread", "single_thread_copy_bandwidth")))
     curves = {}
     for name, t in d.get("implementations", {}).items():
         impl = CpuOptimizer(name)
@@ -91,6 +92,11 @@ def cpu_optimizer_rate(impl: CpuOptimizer, threads: int, stream_bandwidth: float
 
 def curve_of(impl: CpuOptimizer) -> CpuOptimizerCurve:
     return cpu_optimizer_table()[1][impl]
+
+
+def single_thread_bandwidth() -> float:
+    """Bytes/s a pass that runs on one host thread streams (the reference host's)."""
+    return cpu_optimizer_table()[0].single_thread_copy_bandwidth
 
 
 def per_thread_bandwidth() -> float:

@@ -70,6 +70,7 @@ class Resource(StrEnum):
     EP = "ep"  # expert-parallel communication stream
     PP = "pp"  # pipeline point-to-point link
     MEM = "mem"  # memory markers: no time, only allocations and frees
+    HOST = "host"  # the training thread's own Python work (DeepSpeed's ZeRO-3 module hooks)
 
 
 class Phase(StrEnum):

@@ -35,7 +35,7 @@ from ghsim.graph.offload import (
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Category, Op, OpGraph, Phase, Resource
-from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards
+from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards, shards_grads
 from ghsim.graph.step import (
     LayerTemplates,
     ParamCounts,
@@ -438,11 +438,12 @@ class _MicrobatchBuilder:
         dp, zero = self.dp, self.zero
         calls = max(1, math.ceil(nbytes / self.bucket - 1e-9))
         op = _comm(f"grads.{self.grad_kind}", self.grad_kind, Resource.DP, nbytes, phase, calls=calls, deps=(after,))
-        if zero >= 2:  # the full gradients of the bucket give way to this rank's shard (or leave for the host)
+        shards = shards_grads(self.plan, zero)  # the full gradients give way to this rank's shard (or leave for the host)
+        if shards:
             kept = nbytes / dp if self.lazy_shards and not self.earlier and not self.streams else 0.0
             op = op.with_hbm("grads", -nbytes + kept)
         self.last_dp = self.rg.g.add(op)
-        self.sources.append(GradSource(self.last_dp, params, 0.0 if zero >= 2 else nbytes,
+        self.sources.append(GradSource(self.last_dp, params, 0.0 if shards else nbytes,
                                        ("bucket", len(self.sources)), -1, 0, self.accumulate, Resource.DP))
 
     def _layer_grads_ready(self, layer: int, last: int) -> None:

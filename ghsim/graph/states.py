@@ -89,15 +89,18 @@ def model_states(params: float, trainable: float, plan: Plan, dp: int) -> dict[s
     if plan.lora_rank:
         out["params"] += trainable * 4 / (dp if z >= 3 else 1)
     out["grads"] = trainable * sb.grads / (dp if z >= 2 else 1)
-    if z == 1 and plan.framework == Framework.DEEPSPEED:
-        # DeepSpeed's stage-1 optimizer (stage_1_and_2.py) also reduces into a gradient
-        # partition that it steps on; the ZeRO paper's formula leaves it out
-        out["grad_partition"] = trainable * sb.grads / dp
     if "optimizer" not in plan.offload:
         if sb.master:
             out["master_params"] = trainable * sb.master / (dp if z >= 1 else 1)
         out["optimizer_states"] = trainable * sb.optimizer / (dp if z >= 1 else 1)
     return out
+
+
+def shards_grads(plan: Plan, zero: int) -> bool:
+    """Whether each rank keeps only its shard of the gradients once they are reduced: ZeRO-2/3,
+    and DeepSpeed's stage 1 too, which shares stage 2's code (stage_1_and_2.py
+    reduce_ready_partitions_and_remove_grads drops the full gradients after reducing them)."""
+    return zero >= 2 or (zero == 1 and plan.framework == Framework.DEEPSPEED)
 
 
 def persistent_grad_shards(plan: Plan, dp: int) -> bool:
@@ -112,8 +115,10 @@ def model_state_bytes(params: float, trainable: float, plan: Plan, dp: int) -> d
     reduce-scatter; PyTorch's gradient shards appear at that reduce-scatter: all
     of these come from the op graph."""
     out = model_states(params, trainable, plan, dp)
-    if not (plan.zero >= 2 and persistent_grad_shards(plan, dp)):
+    if not (shards_grads(plan, plan.zero) and persistent_grad_shards(plan, dp)):
         del out["grads"]
+    elif plan.zero == 1:  # DeepSpeed's stage 1 keeps the reduced shard, as stage 2 does
+        out["grads"] = trainable * StateBytes.of(plan).grads / dp
     return out
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ghsim.graph import ops as K
 from ghsim.graph.ops import Category, Op, Phase, Resource
+from ghsim.graph.deepspeed_optimizer import deepspeed_optimizer_ops, zero3_hooks
 from ghsim.graph.optimizer import adamw_launches, gpu_adamw
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.dtypes import dtyped as _dtyped
@@ -21,7 +22,7 @@ from ghsim.graph.transformer import LayerBuilder
 from ghsim.model import ModelSpec
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import sync_activation_offload
-from ghsim.plan import OffloadSchedule, Plan, Recompute
+from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
 
 
 
@@ -57,7 +58,7 @@ def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSpli
     x_bytes = b.Tn * model.hidden_size * b.dt.residual
     b.t.live["x"] = x_bytes
     kept = b.forward(save=not full)
-    fwd = b.ops
+    fwd = zero3_hooks(model, plan, Phase.FWD) + b.ops
     weight_cache = [n for n in b.t.live if n.endswith(".w16")] if full else []
     cache_bytes = sum(b.t.live[n] for n in weight_cache)
     for n in weight_cache:  # autocast's cache frees them when the forward ends (see graph/parallel.build_microbatch)
@@ -66,9 +67,11 @@ def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSpli
     del b.t.live["x_next"]  # from here on, it is the next layer's "x"
     b.ops = []
     if full:  # the checkpointed forward runs again, keeping what backward needs
+        b.ops += zero3_hooks(model, plan, Phase.RECOMPUTE)
         kept = b.forward(save=True, phase=Phase.RECOMPUTE)
         b.ops[-1] = b.t.free(b.ops[-1], ["x_next"])
     b.t.live["g"] = x_bytes if not b.dt.autocast_casts else b.Tn * model.hidden_size * 4
+    b.ops += zero3_hooks(model, plan, Phase.BWD)
     b.backward(kept)
     return fwd, b.ops, cache_bytes, saved
 
@@ -226,6 +229,9 @@ def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op
     """AdamW on the GPU (offloaded optimizers: graph/offload.py)."""
     if plan.framework.fused_kernels:
         return _fused_optimizer_ops(model, plan, counts)
+    dt = Dtypes.of(plan)
+    if plan.framework == Framework.DEEPSPEED and plan.zero >= 1 and dt.param < 4 and not plan.lora_rank:
+        return deepspeed_optimizer_ops(counts.trainable, counts.n_tensors, plan.zero, dt.grad, plan.grad_clip)
     return [gpu_adamw(f"adamw.{plan.optimizer_impl}", counts.trainable, counts.n_tensors, plan.optimizer_impl)]
 
 

@@ -15,7 +15,7 @@ from ghsim.report.step_report import Stall, Timeline
 HOST_SIDE = (Resource.H2D, Resource.D2H, Resource.CPU)  # offload's copy engines and host cores
 # streams whose ops do not hold up the compute stream's spans: gradient reductions, memory
 # markers, and offload's copies and CPU work (timed apart: after backward, in the optimizer)
-NOT_COMPUTE = (Resource.DP, Resource.MEM, Resource.LOADER) + HOST_SIDE
+NOT_COMPUTE = (Resource.DP, Resource.MEM, Resource.LOADER, Resource.HOST) + HOST_SIDE
 
 
 @dataclass(frozen=True)

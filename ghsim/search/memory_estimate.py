@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from ghsim.graph.offload import OffloadSetup
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.parallel import Layout, rank_shard, stage_params
-from ghsim.graph.states import RankStates, node_gpus, rank_states
+from ghsim.graph.states import RankStates, node_gpus, rank_states, shards_grads
 from ghsim.graph.step import param_counts
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import GB, Hardware
@@ -164,10 +164,10 @@ def _grad_parts(local: ModelSpec, plan: Plan, dt: Dtypes, layers: int, first: bo
 
 def _held_grads(nbytes: float, plan: Plan, dp: int, setup: OffloadSetup) -> float:
     """Of `nbytes` of gradients backward creates, what the GPU still holds when the optimizer
-    steps: ZeRO-2/3 keep a 1/dp shard (none beyond graph/states.py's preallocated partition, or
+    steps: ZeRO-2/3 (and DeepSpeed's stage 1) keep a 1/dp shard (none beyond graph/states.py's preallocated partition, or
     when the shards leave for the host); streamed to the host, the share whose optimizer stays
     on the GPU; otherwise all of them."""
-    if dp > 1 and plan.zero >= 2:
+    if dp > 1 and shards_grads(plan, plan.zero):
         if setup.streams_gradients or plan.framework.value == "deepspeed":
             return 0.0
         return nbytes / dp

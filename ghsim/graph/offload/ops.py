@@ -26,9 +26,13 @@ def gpu_cast(name: str, params: float, phase: str, stream: str = Resource.GPU) -
               bytes=6 * params, phase=phase, hbm_transient=4 * params)
 
 
-def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool) -> Op:
+# the variant of a host pass that runs on one thread
+SINGLE_THREAD = "single_thread"
+
+
+def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool, single_thread: bool = False) -> Op:
     return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource=_CPU, bytes=nbytes, phase=phase, kernels=0,
-              host_waits=host_waits)
+              host_waits=host_waits, variant=SINGLE_THREAD if single_thread else "")
 
 
 def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:

@@ -1,0 +1,71 @@
+"""DeepSpeed's ZeRO optimizer step on the GPU (bf16/fp16 weights, fp32 masters, no offload), as
+DeepSpeed 0.19 runs it: the passes its profiler trace shows around FusedAdam
+(validation/measured_libraries/h100-ds-z2-llama3b-ckpt-mb2-s2048, the step after backward:
+flatten_dense_tensors, aten::to, linalg_vector_norm with isfinite/amax/amin per tensor, mul_,
+FusedAdam, copy_), each a pass over this rank's gradient partition priced at the measured
+device-copy rate.
+
+Memory: stage 1/2 flattens the 16-bit gradients into one buffer and widens it to an fp32
+gradient for the partition (stage_1_and_2.py step(): flatten_dense_tensors_aligned(...).to(fp32));
+both live until the step has copied the updated masters into the 16-bit weights. Stage 3's
+gradient partition is already flat, and stage3.py widens it one sub-group at a time
+(sub_group_size parameters, default 1e9), so only one sub-group's fp32 copy exists at once.
+"""
+
+from __future__ import annotations
+
+from ghsim.graph import ops as K
+from ghsim.graph.dtypes import dtyped
+from ghsim.graph.ops import Category, Op, Phase, Resource
+from ghsim.graph.optimizer import gpu_adamw
+from ghsim.plan import Framework
+
+# Kernels DeepSpeed launches per gradient tensor for the global norm and its inf/nan checks
+# (linalg_vector_norm, isfinite x 2, amax, amin, logical_and, logical_not, add_ and their
+# reductions): 4,100 kernels for 254 tensors in the trace named above.
+NORM_KERNELS_PER_TENSOR = 16
+_TAG = "optimizer_temp"
+# zero_optimization.sub_group_size default (deepspeed/runtime/zero/config.py)
+SUB_GROUP_PARAMS = 1e9
+
+
+# the variant of the host op carrying DeepSpeed ZeRO-3's module hooks (priced per module and
+# direction from a measurement: cost/compute.py)
+ZERO3_HOOKS = "zero3_hooks"
+
+
+def zero3_hooks(model, plan, phase: str) -> list[Op]:
+    """DeepSpeed ZeRO-3's fetch/release hooks around every module of one decoder layer, as host
+    time on the training thread (the host waits; the GPU runs what is already queued). One hook
+    pair per module that holds parameters: the projections, the norms, the experts, and with LoRA
+    two adapter modules per target."""
+    if not (plan.framework == Framework.DEEPSPEED and plan.zero >= 3):
+        return []
+    experts = model.moe.num_experts if model.moe is not None else 1
+    modules = 4 + model.mlp_matrices * experts + 2 + (1 if model.moe is not None else 0)
+    if plan.lora_rank:
+        modules += 2 * (4 + model.mlp_matrices)
+    return [Op(name="zero3.hooks", category=Category.OTHER, kind=K.HOST_WORK, resource=Resource.HOST,
+               variant=ZERO3_HOOKS, params=float(modules), kernels=0, phase=phase, host_waits=True)]
+
+
+def _pass(name: str, nbytes: float, kernels: int, width: int) -> Op:
+    return Op(name=name, category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=Resource.GPU,
+              variant=dtyped("copy", width), bytes=nbytes, kernels=kernels, phase=Phase.OPT)
+
+
+def deepspeed_optimizer_ops(params: float, n_tensors: int, zero: int, grad_width: int, clip: bool) -> list[Op]:
+    """The step over `params` (this rank's partition) held in `n_tensors` tensors."""
+    P, g = params, grad_width
+    ops = []
+    if zero <= 2:
+        ops.append(_pass("ds.flatten_grads", 2 * g * P, 2, g).with_hbm(_TAG, g * P))
+    fp32 = 4 * (P if zero <= 2 else min(P, SUB_GROUP_PARAMS))  # the fp32 gradient held at once
+    widen = _pass("ds.grads_to_fp32", (g + 4) * P, 2, 4).with_hbm(_TAG, fp32)
+    ops.append(widen.with_hbm(_TAG, -g * P) if zero <= 2 else widen)
+    ops.append(_pass("ds.grad_norm", (4 + 2 * g) * P, NORM_KERNELS_PER_TENSOR * n_tensors, 4))
+    if clip:
+        ops.append(_pass("ds.clip_grads", 8 * P, 1, 4))
+    ops.append(gpu_adamw("adamw.fused", P, n_tensors, "fused"))
+    ops.append(_pass("ds.masters_to_weights", (4 + g) * P, 1, 4).with_hbm(_TAG, -fp32))
+    return ops
