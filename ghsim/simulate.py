@@ -64,7 +64,7 @@ from ghsim.graph.step import loader_seconds
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.report.host import per_node
-from ghsim.model import ModelSpec
+from ghsim.model import ModelSpec, simulator_gap
 from ghsim.plan import OffloadSchedule, Plan, Precision, check_plan
 from ghsim.plan_build import GraphKey, PlanBuild, PriceBook, RankPricing
 from ghsim.report.step_report import StepReport, Timeline, fit_problems
@@ -80,6 +80,9 @@ COMM_STREAMS = (Resource.TP, Resource.DP, Resource.EP)
 def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     """Plan choices the model or the hardware cannot honour: one clear line each."""
     check_plan(plan)
+    gap = simulator_gap(model)
+    if gap:
+        raise GhsimError(f"{model.name}: {gap} is not modeled by the simulator (its parameters are: ghsim models)")
     if plan.gpus > 1:
         check_layout(model, hw, plan)
     if plan.seq > model.max_seq_len * 64:
