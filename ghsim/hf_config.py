@@ -31,7 +31,8 @@ _GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python")
 
 def _common(cfg: Table, tie_default: bool) -> Table:
     d = {key: cfg[hf] for hf, key in _COMMON.items() if cfg.get(hf) is not None}
-    d["tie_embeddings"] = cfg.get("tie_word_embeddings", tie_default)
+    tie = cfg.get("tie_word_embeddings")
+    d["tie_embeddings"] = tie_default if tie is None else tie
     return d
 
 
