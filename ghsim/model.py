@@ -233,9 +233,13 @@ def simulation_notes(model: ModelSpec, seq: int) -> list[str]:
                      "full causal attention (an upper bound on its attention time)")
     if model.mlp == MlpKind.GEGLU:
         notes.append("GeGLU MLP priced with SwiGLU's kernels (same bytes and GEMMs)")
-    if model.bias != Bias.NONE or model.qk_norm or model.norms_per_layer != 2 or model.rotary_fraction < 1:
-        notes.append(f"{model.name}: biases, q/k norms, partial rotary and the norm count are in the "
-                     "parameter count; the layer's kernels are priced as two norms and full rotary")
+    counted_only = [what for what, present in (
+        (f"{model.bias.value} biases", model.bias != Bias.NONE), ("q/k norms", model.qk_norm),
+        (f"{model.norms_per_layer} norms per layer", model.norms_per_layer != 2),
+        (f"rotary on {model.rotary_fraction:g} of each head", model.rotary_fraction < 1)) if present]
+    if counted_only:
+        notes.append(f"{model.name}: {', '.join(counted_only)}: in the parameter count, not in the kernels "
+                     "(priced as two norms, no biases, full rotary)")
     return notes
 
 

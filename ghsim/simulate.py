@@ -420,6 +420,7 @@ def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration
 
 # up to this many micro-batches a step is simulated in full; beyond, from its steady state
 EXACT_MICROBATCHES = 64
+STEADY_TRIES = 4  # the sample of micro-batches doubles each try: at most 8 x its first size
 MAX_GLOBAL_BATCH = 10**9  # sequences per step: far beyond any training run; 10**12 is a typo
 
 
@@ -434,9 +435,17 @@ def simulate_prepared(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
     if plan.grad_accum <= exact_up_to:
         return _stepped(model, hw, plan, calibration, keep_timeline, fabric, host_side, rank).report
     layout = rank.layout if rank else Layout.of(plan, hw)
-    k, d = steady_state.sample_points(plan, layout.pp, layout.interleave, exact_up_to)
-    z, a, b = (_stepped(model, hw, steady_state.with_microbatches(plan, m), calibration, keep_timeline and m == k + d,
-                        fabric, host_side, None) for m in (k - d, k, k + d))
+    for tries in range(STEADY_TRIES):
+        k, d = steady_state.sample_points(plan, layout.pp, layout.interleave, exact_up_to, tries)
+        if k + d >= plan.grad_accum:
+            return _stepped(model, hw, plan, calibration, keep_timeline, fabric, host_side, rank).report
+        z, a, b = (_stepped(model, hw, steady_state.with_microbatches(plan, m), calibration,
+                            keep_timeline and m == k + d, fabric, host_side, None) for m in (k - d, k, k + d))
+        if steady_state.steady(z.report, a.report, b.report):
+            break
+    else:
+        raise GhsimError(f"the step does not settle into a steady state within {k + d} micro-batches, and "
+                         f"{plan.grad_accum} are too many to simulate one by one: use fewer micro-batches")
     um_of = None
     if plan.unified_memory:
         um_of = lambda p: unified_memory_of(model, hw, p, prepare(model, hw, p, calibration, fabric,  # noqa: E731
