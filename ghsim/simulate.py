@@ -78,12 +78,17 @@ from ghsim import steady_state
 COMM_STREAMS = (Resource.TP, Resource.DP, Resource.EP)
 
 
-def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
-    """Plan choices the model or the hardware cannot honour: one clear line each."""
-    check_plan(plan)
+def check_simulable(model: ModelSpec) -> None:
+    """A model whose layers the op graph does not build: one line naming what (model.simulator_gap)."""
     gap = simulator_gap(model)
     if gap:
         raise GhsimError(f"{model.name}: {gap} is not modeled by the simulator (its parameters are: ghsim models)")
+
+
+def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
+    """Plan choices the model or the hardware cannot honour: one clear line each."""
+    check_plan(plan)
+    check_simulable(model)
     if plan.gpus > 1:
         check_layout(model, hw, plan)
     if plan.resolved_global_batch > MAX_GLOBAL_BATCH:

@@ -141,3 +141,14 @@ def test_bare_ghsim_prints_help_and_exits_0():
     import sys
     r = subprocess.run([sys.executable, "-m", "ghsim.cli"], capture_output=True, text=True)
     assert r.returncode == 0 and "Usage:" in r.stdout and "simulate" in r.stdout and not r.stderr
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["plan", "--gpus", "8", "--time-limit", "5"],
+                                     ["compare", "--hardware", "h100-sxm", "--hardware", "gh200-96gb"]])
+def test_every_command_refuses_an_unmodeled_model_up_front(command):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "ghsim.cli", command[0], "--model", "deepseek-v3", *command[1:]],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "multi-head latent attention" in r.stderr and not r.stdout.strip()
