@@ -291,12 +291,28 @@ def _fraction(d: dict[str, Any], key: str, where: str, default: float, low: floa
 
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "vocab_size")
+_OPTIONAL = ("name", "aliases", "source", "notes", "sliding_window_pattern", "num_kv_heads", "head_dim",
+             "tie_embeddings", "mlp", "norm", "position", "max_seq_len", "moe", "dropout", "bias",
+             "norms_per_layer", "qk_norm", "rotary_fraction", "sliding_window", "mla")
+_MOE_FIELDS = ("num_experts", "experts_per_token", "expert_intermediate_size", "shared_intermediate_size",
+               "dense_layers")
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def _known_fields(d: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A misspelt field would silently fall back to its default: refuse it, naming the nearest."""
+    for key in d:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise GhsimError(f"{where}: unknown field {shown(key)}{hint}")
 
 
 def _moe_from(m: Any, where: str, num_layers: int) -> MoESpec:
     where = where + " [moe]"
     if not isinstance(m, dict):
         raise GhsimError(f"{where} must be a table")
+    _known_fields(m, _MOE_FIELDS, where)
     moe = MoESpec(
         num_experts=bounded_int(m, "num_experts", where, MAX_EXPERTS),
         experts_per_token=bounded_int(m, "experts_per_token", where, MAX_EXPERTS),
@@ -316,6 +332,7 @@ def _mla_from(a: Any, where: str) -> MLASpec:
     where = where + " [mla]"
     if not isinstance(a, dict):
         raise GhsimError(f"{where} must be a table")
+    _known_fields(a, _MLA_FIELDS, where)
     return MLASpec(q_lora_rank=bounded_int(a, "q_lora_rank", where, MAX_DIM, 0) if "q_lora_rank" in a else 0,
                    kv_lora_rank=bounded_int(a, "kv_lora_rank", where, MAX_DIM),
                    qk_rope_head_dim=bounded_int(a, "qk_rope_head_dim", where, MAX_DIM),
@@ -342,6 +359,7 @@ def model_from_dict(d: dict[str, Any], where: str, default_name: str = "custom")
     """Build a ModelSpec from a models/*.toml style dict; `where` names the source in errors."""
     if not isinstance(d, dict):
         raise GhsimError(f"{where}: a model must be a table of fields")
+    _known_fields(d, _REQUIRED + _OPTIONAL, where)
     for key in _REQUIRED:
         if key not in d:
             raise GhsimError(f"{where}: missing field '{key}'")

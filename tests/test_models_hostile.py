@@ -94,3 +94,15 @@ def test_cli_huge_hidden_size_is_exit_2_one_line(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "hidden_size" in r.stderr
     assert not any(leak in r.stderr for leak in LEAKS[:3])
+
+
+@pytest.mark.parametrize("key,says", [("num_kv_head", "unknown field 'num_kv_head'; did you mean 'num_kv_heads'?"),
+                                      ("hiden_size", "did you mean 'hidden_size'?")])
+def test_a_misspelt_field_is_refused_not_ignored(key, says):
+    d = dict(hidden_size=1024, intermediate_size=2816, num_layers=4, num_attention_heads=16, vocab_size=32000)
+    d[key] = 4
+    with pytest.raises(GhsimError, match=says):
+        model_from_dict(d, "t.toml")
+    del d[key]
+    with pytest.raises(GhsimError, match=r"\[moe\]: unknown field 'expert'"):
+        model_from_dict({**d, "moe": {"num_experts": 8, "experts_per_token": 2, "expert": 1}}, "t.toml")
