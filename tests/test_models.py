@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ghsim.cli import main
 from ghsim.errors import GhsimError
@@ -152,3 +154,10 @@ def test_every_command_refuses_an_unmodeled_model_up_front(command):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "multi-head latent attention" in r.stderr and not r.stdout.strip()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(catalog())), st.data())
+def test_every_accepted_name_in_any_case_loads_its_model(name, data):
+    cased = "".join(c.upper() if data.draw(st.booleans()) else c for c in name)
+    assert load_model(cased) == load_model(catalog()[name].stem)
