@@ -423,11 +423,11 @@ def load_model(name_or_path: str) -> ModelSpec:
     from ghsim.hf_config import model_from_hf_config  # (hf_config builds on this module)
 
     path = Path(name_or_path)
-    if path.is_dir():
+    if path.is_dir() and (path / "config.json").is_file():
         config = path / "config.json"
-        if not config.is_file():
-            raise GhsimError(f"{path}: a model folder must hold a Hugging Face config.json")
         return model_from_hf_config(read_json(config), str(config), path.resolve().name)
+    if path.is_dir() and name_or_path.strip().lower() not in catalog():
+        raise GhsimError(f"{path}: a model folder must hold a Hugging Face config.json")
     if path.suffix == ".json":
         name = path.parent.resolve().name if path.name == "config.json" else path.stem
         return model_from_hf_config(read_json(path), str(path), name)
