@@ -218,8 +218,6 @@ def simulator_gap(model: ModelSpec) -> str | None:
     parameter counts cover it; a step time would silently price something else."""
     if model.mla is not None:
         return "multi-head latent attention (MLA: kv_lora_rank, q_lora_rank)"
-    if model.moe is not None and model.moe.shared_intermediate_size:
-        return "MoE shared experts"
     if model.moe is not None and model.moe.dense_layers:
         return f"dense layers before the MoE layers ({model.moe.dense_layers} of {model.num_layers})"
     return None
