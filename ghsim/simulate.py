@@ -64,7 +64,7 @@ from ghsim.graph.step import loader_seconds
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.report.host import per_node
-from ghsim.model import ModelSpec
+from ghsim.model import ModelSpec, simulator_gap
 from ghsim.plan import OffloadSchedule, Plan, Precision, check_plan
 from ghsim.plan_build import GraphKey, PlanBuild, PriceBook, RankPricing
 from ghsim.report.step_report import StepReport, Timeline, fit_problems
@@ -73,15 +73,27 @@ from ghsim.sim.memory import TierPeak, hbm_peak, host_peak
 from ghsim.sim.pipeline import schedule_pipeline
 from ghsim.sim.unified_memory import unified_memory_use
 from ghsim.report.assemble import SteppedPlan, assemble
+from ghsim import steady_state
 
 COMM_STREAMS = (Resource.TP, Resource.DP, Resource.EP)
+
+
+def check_simulable(model: ModelSpec) -> None:
+    """A model whose layers the op graph does not build: one line naming what (model.simulator_gap)."""
+    gap = simulator_gap(model)
+    if gap:
+        raise GhsimError(f"{model.name}: {gap} is not modeled by the simulator (its parameters are: ghsim models)")
 
 
 def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     """Plan choices the model or the hardware cannot honour: one clear line each."""
     check_plan(plan)
+    check_simulable(model)
     if plan.gpus > 1:
         check_layout(model, hw, plan)
+    if plan.resolved_global_batch > MAX_GLOBAL_BATCH:
+        raise GhsimError(f"--global-batch {plan.resolved_global_batch} is beyond what ghsim simulates "
+                         f"(at most {MAX_GLOBAL_BATCH} sequences per step)")
     if plan.seq > model.max_seq_len * 64:
         raise GhsimError(f"--seq {plan.seq} is far beyond {model.name}'s context ({model.max_seq_len})")
     if plan.unified_memory and not hw.unified_memory.supported:
@@ -302,7 +314,31 @@ def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild,
     chunks = [replace(chunk_times(middle[k], middle[k], send_s), final_fwd_s=0.0, final_bwd_s=0.0, final_comm_s=0.0)
               for k in kind_of]
     tails = [StageTail(0.0, 0.0)] * layout.pp
-    return schedule_pipeline(layout.pp, layout.interleave, M, chunks, tails).schedule.makespan
+    return _pipeline_makespan(plan, layout, chunks, tails)
+
+
+def _pipeline_makespan(plan: Plan, layout: Layout, chunks: list[ChunkTimes], tails: list[StageTail]) -> float:
+    """The pipeline schedule's makespan for the plan's micro-batches; past EXACT_MICROBATCHES from
+    three short schedules and their steady-state period (ghsim/steady_state.py). Where the period
+    is not steady yet, the longest short schedule: M micro-batches never end sooner than fewer."""
+    def makespan(m: int) -> float:
+        return schedule_pipeline(layout.pp, layout.interleave, m, chunks, tails).schedule.makespan
+
+    M = plan.grad_accum
+    if M <= EXACT_MICROBATCHES:
+        return makespan(M)
+    k, d = steady_state.sample_points(plan, layout.pp, layout.interleave, EXACT_MICROBATCHES)
+    z, a, b = makespan(k - d), makespan(k), makespan(k + d)
+    if abs((a - z) - (b - a)) > steady_state.PERIOD_TOLERANCE * b:
+        return b
+    return b + (M - k - d) / d * (b - a)
+
+
+def inflight_microbatches(pp: int, v: int, M: int) -> int:
+    """As many micro-batches as 1F1B needs to reach its deepest in-flight point: the peak of M
+    (graph/pipeline.peak_inflight_bytes) is reached within them (tests/test_steady_state.py)."""
+    enough = 2 * pp * v + pp
+    return M if M <= enough else enough + (M - enough) % pp
 
 
 def _send_time(model: ModelSpec, plan: Plan, rank: PlanBuild) -> float:
@@ -387,12 +423,43 @@ def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration
     return build
 
 
+# up to this many micro-batches a step is simulated in full; beyond, from its steady state
+EXACT_MICROBATCHES = 64
+STEADY_TRIES = 4  # the sample of micro-batches doubles each try: at most 8 x its first size
+MAX_GLOBAL_BATCH = 10**9  # sequences per step: far beyond any training run; 10**12 is a typo
+
+
 def simulate_prepared(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration,
                       keep_timeline: bool = True, fabric: Fabric | None = None,
-                      host_side: HostSide | None = None, rank: PlanBuild | None = None) -> StepReport:
+                      host_side: HostSide | None = None, rank: PlanBuild | None = None,
+                      exact_up_to: int = EXACT_MICROBATCHES) -> StepReport:
     """The step of any layout (one GPU: tp = pp = dp = 1). `fabric` and `host_side` replace the
     links and the per-GPU host share the hardware implies; `rank` (from prepare()) brings what is
-    already built for this plan (step_memory)."""
+    already built for this plan (step_memory). More than `exact_up_to` identical micro-batches:
+    a few are simulated and the step extended by their steady-state period (ghsim/steady_state.py)."""
+    if plan.grad_accum <= exact_up_to:
+        return _stepped(model, hw, plan, calibration, keep_timeline, fabric, host_side, rank).report
+    layout = rank.layout if rank else Layout.of(plan, hw)
+    for tries in range(STEADY_TRIES):
+        k, d = steady_state.sample_points(plan, layout.pp, layout.interleave, exact_up_to, tries)
+        if k + d >= plan.grad_accum:
+            return _stepped(model, hw, plan, calibration, keep_timeline, fabric, host_side, rank).report
+        z, a, b = (_stepped(model, hw, steady_state.with_microbatches(plan, m), calibration,
+                            keep_timeline and m == k + d, fabric, host_side, None) for m in (k - d, k, k + d))
+        if steady_state.steady(z.report, a.report, b.report):
+            break
+    else:
+        raise GhsimError(f"the step does not settle into a steady state within {k + d} micro-batches, and "
+                         f"{plan.grad_accum} are too many to simulate one by one: use fewer micro-batches")
+    um_of = None
+    if plan.unified_memory:
+        um_of = lambda p: unified_memory_of(model, hw, p, prepare(model, hw, p, calibration, fabric,  # noqa: E731
+                                                                   host_side))
+    return steady_state.extrapolate(z, a, b, plan, um_of)
+
+
+def _stepped(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration, keep_timeline: bool,
+             fabric: Fabric | None, host_side: HostSide | None, rank: PlanBuild | None) -> steady_state.Stepped:
     rank = rank or prepare(model, hw, plan, calibration, fabric, host_side)
     layout = rank.layout
     per_chunk = model.num_layers // layout.chunks
@@ -406,8 +473,9 @@ def simulate_prepared(model: ModelSpec, hw: Hardware, plan: Plan, calibration: C
                              loader_s=loader_seconds(plan) if pool else 0.0)
     memory = step_memory(model, hw, plan, rank)
     states = [_stage_model_states(model, plan, layout, d, rank.offload) for d in range(layout.pp)]
-    return assemble(SteppedPlan(model, hw, plan, layout, rank.rank.host_side, rank.rank.fabric, runs, kind_of, pipe,
-                                memory.stages, memory.worst, states, M, um), keep_timeline)
+    stepped = SteppedPlan(model, hw, plan, layout, rank.rank.host_side, rank.rank.fabric, runs, kind_of, pipe,
+                          memory.stages, memory.worst, states, M, um)
+    return steady_state.Stepped(assemble(stepped, keep_timeline), stepped)
 
 
 def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> UnifiedMemoryUse:
@@ -445,6 +513,7 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
     static = account.hbm
     finals = [finals_by_kind[kind_of[j]] for j in js]
     saved = [mb.saved_bytes for mb in finals]
+    M = inflight_microbatches(pp, v, M)
     inflight, _count = peak_inflight_bytes(pp, v, M, d, saved)
     host_saved = [sum(op.host_alloc for op in mb.graph.ops[:mb.fwd_last + 1] if op.mem_tag == "offloaded_activations")
                   for mb in finals]

@@ -75,7 +75,7 @@ def test_malformed_model_files(tmp_path):
 
 def test_hf_config_json_loads(tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 4,
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 4,
                                "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000}))
     code, out, err = cli(["simulate", "--model", str(cfg), "--hardware", "h100-sxm", "--seq", "1024", "--json"])
     assert code == 0, err

@@ -20,6 +20,12 @@ from ghsim.errors import GhsimError
 class GhsimGroup(click.Group):
     """Turns GhsimError (and click's usage errors) into one line on stderr and exit code 2."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args:  # bare `ghsim`: its help, exit 0 (not a usage error)
+            click.echo(ctx.get_help())
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:

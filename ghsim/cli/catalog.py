@@ -7,17 +7,23 @@ import click
 
 @click.command()
 def models() -> None:
-    """List the model catalog."""
-    from ghsim.model import catalog, load_model
+    """List the model catalog: every name --model accepts (any letter case), aliases beside it."""
+    from ghsim.model import catalog, model_from_dict
+    from ghsim.tomlio import read_toml
 
-    seen = set()
-    for name, path in sorted(catalog().items()):
-        if path in seen:
-            continue
-        seen.add(path)
-        m = load_model(name)
-        kind = f"MoE {m.moe.num_experts}x top-{m.moe.experts_per_token}" if m.moe else "dense"
-        click.echo(f"{path.stem:<22} {m.total_params / 1e9:8.2f}B  {m.num_layers:3d} layers  h={m.hidden_size:<6} {kind}")
+    names_of: dict = {}
+    for name, path in catalog().items():
+        names_of.setdefault(path, []).append(name)
+    for path in sorted(names_of, key=lambda p: p.stem):
+        m = model_from_dict(read_toml(path), str(path), path.stem)
+        kind = "dense"
+        if m.moe:
+            kind = f"MoE {m.moe.num_experts}x top-{m.moe.experts_per_token}, {m.active_params_per_token / 1e9:.1f}B active"
+        aliases = sorted(n for n in names_of[path] if n != path.stem.lower())
+        also = f"  (also: {', '.join(aliases)})" if aliases else ""
+        click.echo(f"{path.stem:<16} {m.total_params / 1e9:8.2f}B  {m.num_layers:3d} layers  h={m.hidden_size:<6} "
+                   f"{kind}{also}")
+    click.echo("or: a model .toml, a Hugging Face config.json, or a folder holding one")
 
 
 @click.command()

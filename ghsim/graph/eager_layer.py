@@ -27,6 +27,9 @@ from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
 from ghsim.plan import Precision, Recompute
 
 
+_SHARED_OUTS = ("s_gate", "s_up")  # the shared experts' gate and up outputs
+
+
 class EagerLayer(LayerOps):
     """The eager (unfused) forward and backward of one layer."""
 
@@ -75,7 +78,7 @@ class EagerLayer(LayerOps):
         gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
         self.moe_dispatch_fwd()
         mlp_outs = ("gate", "up")[: len(self.mlp_in)]
-        for p, out in zip(self.mlp_in, mlp_outs):
+        for p, out in zip(self.mlp_in + self.shared_in, mlp_outs + _SHARED_OUTS[: len(self.shared_in)]):
             kept[p.name] = self.projection_fwd(p, gathered or "n2.out", rs, out)
         if gathered:
             self.ops[-1] = self.t.free(self.ops[-1], [gathered])
@@ -91,6 +94,7 @@ class EagerLayer(LayerOps):
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
         self.release(list(mlp_outs) + ["act", "prod"])
         self.moe_combine_fwd()
+        self._shared_experts_fwd(kept)
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
         self.mem("mlp_residual", "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE,
                  creates={"x_next": Tn * h * rs}, frees=[mlp_out])
@@ -115,6 +119,7 @@ class EagerLayer(LayerOps):
                  Category.ELEMENTWISE,
                  creates={"g_mlp_out": Tn * h * act})
         g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
+        shared_grads = self._shared_experts_bwd(g_mlp_out, kept)
         self.moe_combine_bwd()
         self.projection_bwd(self.down, g_mlp_out, "g_prod", kept["down_proj"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
@@ -124,7 +129,7 @@ class EagerLayer(LayerOps):
         regathered = self.tp_gather("n2.all_gather.bwd", T * h * self.dt.residual, "n2.g", for_wgrad=True)
         if m.moe is not None:
             self.ep_all_to_all("moe_dispatch.bwd.all_to_all", self.mlp_tokens * h * act)
-        self._input_grads(self.mlp_in, list(grads_in), kept, "g_n2",
+        self._input_grads(self.mlp_in + self.shared_in, list(grads_in) + shared_grads, kept, "g_n2",
                           extra_free=["n2.out"] + ([regathered] if regathered else []))
         if m.moe is not None:
             self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
@@ -154,6 +159,32 @@ class EagerLayer(LayerOps):
                           extra_free=["n1.out"] + ([regathered] if regathered else []))
         g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
         self._norm_bwd("input_norm", "n1", g_n1, "x")
+
+    def _shared_experts_fwd(self, kept: dict[str, list[str]]) -> None:
+        """The shared experts' activation and down projection (their gate/up ran beside the routed
+        experts'), added to the routed experts' output."""
+        if not self.shared_in:
+            return
+        T, h, act = self.T, self.m.hidden_size, self.dt.act
+        outs = list(_SHARED_OUTS[: len(self.shared_in)])
+        ff = T * self.shared_down.n_in * act
+        self.mem("shared_swiglu" if len(outs) == 2 else "shared_gelu", "silu_mul", ff * (len(outs) + 1),
+                 SWIGLU_FWD_KERNELS, Category.ELEMENTWISE, creates={"s_act": ff, "s_prod": ff})
+        kept["shared_down"] = self.projection_fwd(self.shared_down, "s_prod", act, "s_out")
+        self.release(outs + ["s_act", "s_prod"])
+        self.mem("shared_add", "add", 3 * T * h * act, 1, Category.ELEMENTWISE, frees=["s_out"])
+
+    def _shared_experts_bwd(self, grad: str, kept: dict[str, list[str]]) -> list[str]:
+        """The shared experts' down projection and activation backward; returns the gradients of
+        their gate/up outputs (their input gradients are summed with the routed experts')."""
+        if not self.shared_in:
+            return []
+        ff = self.T * self.shared_down.n_in * self.dt.act
+        self.projection_bwd(self.shared_down, grad, "g_s_prod", kept["shared_down"], free_grad=False)
+        grads = {f"g_{n}": ff for n in _SHARED_OUTS[: len(self.shared_in)]}
+        self.mem("shared_swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, Category.ELEMENTWISE, creates=grads,
+                 frees=["g_s_prod", *[n for n in (*_SHARED_OUTS, "s_act", "s_prod") if n in self.t.live]])
+        return list(grads)
 
     def _input_grads(self, projs: list[Projection], grads: list[str], kept: dict[str, list[str]],
                      into: str, extra_free: list[str] | None = None) -> None:

@@ -85,6 +85,8 @@ class FusedLayer(LayerOps):
         gathered = self.tp_gather("n2.all_gather", T * h * act, "n2.g")
         self.moe_dispatch_fwd()
         kept["fc1"] = self.projection_fwd(self.fc1, gathered or "n2.out", act, "fc1")
+        if self.shared_in:
+            kept["shared_fc1"] = self.projection_fwd(self.shared_fc1, gathered or "n2.out", act, "s_fc1")
         if gathered:
             self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n2.stats"])
@@ -100,6 +102,7 @@ class FusedLayer(LayerOps):
         kept["down_proj"] = self.projection_fwd(self.down, "act", act, "mlp_out")
         self.release(["fc1", "act"])
         self.moe_combine_fwd()
+        self._shared_experts_fused_fwd(kept)
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
         self._fused_residual_fwd("mlp_residual", mlp_out, "x_next", "drop2.mask")
         self.release(["h1"])
@@ -225,6 +228,30 @@ class FusedLayer(LayerOps):
         self.fused_op("attn.qkv_grad_cat", 2 * T * (q + 2 * kv) * act, 1, Category.ELEMENTWISE,
                       creates={"g_qkv": T * (q + 2 * kv) * act}, frees=["g_q", "g_k", "g_v"])
 
+    def _shared_experts_fused_fwd(self, kept: dict[str, list[str]]) -> None:
+        """The shared experts' fused activation and down projection, added to the routed output."""
+        if not self.shared_in:
+            return
+        T, h, act = self.T, self.m.hidden_size, self.dt.act
+        ff_in, ff = T * self.shared_fc1.n_out * act, T * self.shared_down.n_in * act
+        self.fused_op("shared_swiglu" if len(self.shared_in) == 2 else "shared_gelu", ff_in + ff, 1,
+                      Category.ELEMENTWISE, creates={"s_act": ff})
+        kept["shared_down"] = self.projection_fwd(self.shared_down, "s_act", act, "s_out")
+        self.release(["s_fc1", "s_act"])
+        self.fused_op("shared_add", 3 * T * h * act, 2, Category.ELEMENTWISE, frees=["s_out"])
+
+    def _shared_experts_fused_bwd(self, grad: str, kept: dict[str, list[str]]) -> None:
+        """The shared experts' backward, down to their input gradient "g_n2.shared"."""
+        if not self.shared_in:
+            return
+        T, act = self.T, self.dt.act
+        ff_in, ff = T * self.shared_fc1.n_out * act, T * self.shared_down.n_in * act
+        self.projection_bwd(self.shared_down, grad, "g_s_act", kept["shared_down"], free_grad=False)
+        self.fused_op("shared_swiglu.bwd" if len(self.shared_in) == 2 else "shared_gelu.bwd", ff + 2 * ff_in, 2,
+                      Category.ELEMENTWISE, creates={"g_s_fc1": ff_in},
+                      frees=["g_s_act", *[n for n in ("s_fc1", "s_act") if n in self.t.live]])
+        self.projection_bwd(self.shared_fc1, "g_s_fc1", "g_n2.shared", kept["shared_fc1"])
+
     def _backward_fused(self, kept: dict[str, list[str]], phase: Phase) -> None:
         """One layer's backward as Megatron runs it; "g" (16-bit, the residual-stream gradient) is
         live before and after."""
@@ -234,6 +261,7 @@ class FusedLayer(LayerOps):
         # MLP branch
         self._fused_residual_bwd("mlp_residual.bwd", "drop2.mask", "g_mlp_out")
         g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
+        self._shared_experts_fused_bwd(g_mlp_out, kept)
         self.moe_combine_bwd()
         self.projection_bwd(self.down, g_mlp_out, "g_act", kept["down_proj"])
         ff_in = self.mlp_tokens * self.fc1.n_out * act
@@ -251,6 +279,8 @@ class FusedLayer(LayerOps):
             self.mem("moe_dispatch.bwd", "copy", (self.mlp_tokens + T) * h * act, 1, Category.OTHER,
                      creates={"g_n2": T * h * act}, frees=["g_n2.experts"])
             self.gemm("router.bwd", T, h, m.moe.num_experts, dt.gemm)
+            if self.shared_in:  # the shared experts' input gradient joins the routed ones'
+                self.fused_op("shared_grad_add", 3 * T * h * act, 2, Category.ELEMENTWISE, frees=["g_n2.shared"])
         self.ops[-1] = self.t.free(self.ops[-1], [n for n in ["n2.out"] + ([regathered] if regathered else []) if n in self.t.live])
         g_n2 = self.tp_reduce("g_n2.tp_reduce", "g_n2", T * h * act)
         self._fused_norm_bwd("post_attn_norm", "n2", g_n2, "h1")

@@ -68,13 +68,19 @@ class LayerOps:
             self.mlp_in = [Projection("expert_gate", fe, h, ne), Projection("expert_up", fe, h, ne)]
             self.down = Projection("expert_down", h, fe, ne)
             self.mlp_tokens = self.T * model.moe.experts_per_token
+        # MoE shared experts (Qwen2-MoE, DeepSeek): a dense MLP beside the routed experts, on every token
+        fs = model.moe.shared_intermediate_size if model.moe is not None else 0
+        self.shared_in = [Projection("shared_gate", fs, h), Projection("shared_up", fs, h)] if fs else []
+        self.shared_down = Projection("shared_down", h, fs)
         if model.mlp == "gelu":
             self.mlp_in = self.mlp_in[:1]
+            self.shared_in = self.shared_in[:1]
         # fused mode: Megatron's one QKV GEMM and one fc1 GEMM (SwiGLU's gate and up side by side)
         self.fused = plan.framework.fused_kernels
         self.qkv_proj = Projection("qkv_proj", q + 2 * kv, h)
         gate = self.mlp_in[0]
         self.fc1 = Projection("fc1", gate.n_out * len(self.mlp_in), h, gate.experts)
+        self.shared_fc1 = Projection("shared_fc1", fs * len(self.shared_in), h)
         # SDPA runs in fp32 for fp32/tf32 plans (no tensor-core flash kernel), else in bf16
         self.attn_dtype = "fp32" if plan.precision in (Precision.FP32, Precision.TF32) else "bf16"
         self.t = Tensors()
@@ -239,8 +245,10 @@ class LayerOps:
             keep.append(f"{p.name}.xa")
         return keep  # (the input itself is the caller's to keep)
 
-    def projection_bwd(self, p: Projection, grad_out: str, grad_in: str, kept: list[str]) -> None:
-        """dgrad into `grad_in`, weight (or adapter) gradients, then frees what the forward kept."""
+    def projection_bwd(self, p: Projection, grad_out: str, grad_in: str, kept: list[str],
+                       free_grad: bool = True) -> None:
+        """dgrad into `grad_in`, weight (or adapter) gradients, then frees what the forward kept
+        (and `grad_out`, unless another projection reads it too: a shared expert's)."""
         dt, T = self.dt, self._proj_tokens(p)
         lora = self.plan.lora_rank
         gin = T * p.n_in * dt.act
@@ -272,4 +280,4 @@ class LayerOps:
                          creates={f"grad.{p.name}": w * 4})
             else:
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, creates={f"grad.{p.name}": w * dt.grad})
-        self.ops[-1] = self.t.free(self.ops[-1], kept + [grad_out])
+        self.ops[-1] = self.t.free(self.ops[-1], kept + ([grad_out] if free_grad else []))

@@ -149,7 +149,8 @@ def rank_shard(model: ModelSpec, layout: Layout) -> ModelSpec:
     moe = model.moe
     if moe is not None:
         moe = replace(moe, num_experts=max(1, moe.num_experts // layout.ep),
-                      expert_intermediate_size=math.ceil(moe.expert_intermediate_size / tp))
+                      expert_intermediate_size=math.ceil(moe.expert_intermediate_size / tp),
+                      shared_intermediate_size=math.ceil(moe.shared_intermediate_size / tp))
     return replace(model, num_attention_heads=model.num_attention_heads // tp,
                    num_kv_heads=max(1, model.num_kv_heads // tp),
                    intermediate_size=math.ceil(model.intermediate_size / tp),

@@ -14,6 +14,7 @@ from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.graph.offload import OffloadSetup, resolve as resolve_offload
 from ghsim.graph.ops import Category, Phase, Resource
 from ghsim.graph.parallel import Layout
+from ghsim.model import simulation_notes
 from ghsim.graph.pipeline import PipelineSegment
 from ghsim.sim.pipeline import PipelineRun
 from ghsim.graph.unified_memory import UnifiedMemoryUse
@@ -83,7 +84,7 @@ def assemble(s: SteppedPlan, keep_timeline: bool) -> StepReport:
         hbm=hbm,
         host=host,
         fit_problems=tuple(problems),
-        notes=tuple(_notes(plan, offload, layout, hw, s.host_side)),
+        notes=tuple(_notes(plan, offload, layout, hw, s.host_side) + simulation_notes(s.model, plan.seq)),
         timeline=timeline,
         extra=extra,
     )

@@ -33,7 +33,7 @@ from ghsim.search.memory_order import recompute_rank
 from ghsim.search.objective import Objective, score
 from ghsim.search.screen import Evaluation, Status, compute_bound, evaluate, flops_lower_bound
 from ghsim.search.space import Group, SearchSpace, groups
-from ghsim.simulate import check_fit_to_model
+from ghsim.simulate import check_fit_to_model, check_simulable
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
     `time_limit` (seconds of simulating, 0: none) stops simulating new plans once reached
     (after at least one round); what is left is reported as unexplored, with its bound."""
     t0 = time.perf_counter()
+    check_simulable(model)
     price = hw.price_per_gpu_hour if price_per_gpu_hour is None else price_per_gpu_hour
     if objective == Objective.COST and not price > 0:
         raise GhsimError(f"{hw.name} has no price_per_gpu_hour_usd: give --price for --objective cost")

@@ -98,7 +98,7 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
         f, experts, Tm = m.intermediate_size, 1, T
     else:
         f, experts, Tm = m.moe.expert_intermediate_size, max(1, m.moe.num_experts // ep), T * m.moe.experts_per_token
-    n_mlp_in = 2 if m.mlp == "swiglu" else 1
+    n_mlp_in = m.mlp_matrices - 1  # gated (SwiGLU, GeGLU): gate and up
     # (tokens, n_in, n_out, experts, fed by a norm's fp32 output) of every projection
     projs = [(T, h, q, 1, True), (T, h, kv, 1, True), (T, h, kv, 1, True), (T, q, h, 1, False)]
     projs += [(Tm, h, f, experts, True)] * n_mlp_in + [(Tm, f, h, experts, False)]

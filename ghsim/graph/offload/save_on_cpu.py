@@ -33,7 +33,7 @@ def save_on_cpu_layer(model: ModelSpec, plan: Plan, saved: float) -> tuple[float
     projections = 4 + model.mlp_matrices
     n = (SAVE_ON_CPU_TENSORS["norms"] + projections * SAVE_ON_CPU_TENSORS["per_projection"]
          + SAVE_ON_CPU_TENSORS["rope"] + SAVE_ON_CPU_TENSORS["sdpa"]
-         + SAVE_ON_CPU_TENSORS["swiglu" if model.mlp == "swiglu" else "gelu"])
+         + SAVE_ON_CPU_TENSORS["gelu" if model.mlp == "gelu" else "swiglu"])
     return saved + extra, n
 
 
