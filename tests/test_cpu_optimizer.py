@@ -48,7 +48,9 @@ def test_implementations_differ_as_measured():
     side = HostSide.of(lent_host(), Plan())
     rates = {impl: side.cpu_adamw_rate(impl) for impl in IMPLS}
     assert rates[CpuOptimizer.TORCH_FUSED] > rates[CpuOptimizer.DEEPSPEED] > 4 * rates[CpuOptimizer.TORCH_FOREACH]
-    assert rates[CpuOptimizer.TORCH_FORLOOP] > rates[CpuOptimizer.TORCH_FOREACH]
+    # the for-loop's curve is taken on LLM-sized (16M-element) tensors, where each of its passes
+    # goes to DRAM: over six times slower than the single-pass implementations
+    assert rates[CpuOptimizer.TORCH_FUSED] > 6 * rates[CpuOptimizer.TORCH_FORLOOP]
 
 
 @settings(max_examples=60, deadline=None)
