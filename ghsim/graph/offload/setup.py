@@ -78,7 +78,10 @@ def resolve(plan: Plan) -> OffloadSetup:
         cpu_share=plan.offload_ratio if optimizer else 0.0,
         shard=plan.dp if plan.zero >= 1 else 1,
         cpu_impl=resolve_cpu_optimizer(plan),
-        pinned=plan.offload_pinned,
+        # DeepSpeed 0.19's SuperOffload keeps its host buffers pageable whatever pin_memory says
+        # (its trace on the lent x86 host: Device -> Pageable, Pageable -> Device); on GH200's
+        # coherent C2C pageable memory moves at near the pinned rate, on PCIe at a fraction
+        pinned=plan.offload_pinned and schedule != OffloadSchedule.SUPEROFFLOAD,
         serial_grad_copies=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2,
         pageable_param_return=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3,
         grad_clip=plan.grad_clip,
