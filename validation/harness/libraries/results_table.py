@@ -1,0 +1,50 @@
+"""The offload-library cases against ghsim, as the markdown table and ratios that
+validation/measured_libraries/README.md quotes (issue 14).
+
+    python validation/harness/libraries/results_table.py
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from ghsim.validate.cases import DEFAULT_TOLERANCES, load_case, run_case
+
+ROOT = Path(__file__).resolve().parents[2] / "measured_libraries"
+PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-")
+RATIOS = [("ZeRO-3 offload / ZeRO-2 offload", "h100-ds-z3-offopt-llama3b-ckpt-mb2-s2048",
+           "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048"),
+          ("SuperOffload / ZeRO-Offload (ZeRO-2)", "h100-ds-z3-superoffload-llama3b-ckpt-mb2-s2048",
+           "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048"),
+          ("ZeRO-2 offload / ZeRO-2 no offload", "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048",
+           "h100-ds-z2-llama3b-ckpt-mb2-s2048"),
+          ("plain foreach / plain fused", "h100-plain-cpuadamw-foreach-llama3b-ckpt-mb2-s2048",
+           "h100-plain-cpuadamw-fused-llama3b-ckpt-mb2-s2048")]
+
+
+def main() -> None:
+    results = {}
+    for folder in sorted(p.parent for p in ROOT.glob("*/case.toml")):
+        if folder.name.startswith(PREFIXES) and "[measured]" in (folder / "case.toml").read_text():
+            results[folder.name] = run_case(load_case(folder, DEFAULT_TOLERANCES), with_trace=False)
+    print("| case | step s measured | predicted | error | HBM GB measured | predicted | error |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        m, p, e = r.measured, r.predicted, r.errors
+        print(f"| {name} | {m['step_time_s']:.3f} | {p['step_time_s']:.3f} | {e['step_time_rel']:+.1%} | "
+              f"{m['peak_memory_bytes'] / 1e9:.2f} | {p['peak_memory_bytes'] / 1e9:.2f} | {e['peak_memory_rel']:+.1%} |")
+    steps = [abs(r.errors["step_time_rel"]) for r in results.values()]
+    mems = [abs(r.errors["peak_memory_rel"]) for r in results.values()]
+    print(f"\n{len(results)} cases: step time median |error| {statistics.median(steps):.1%}, max {max(steps):.1%}; "
+          f"HBM median {statistics.median(mems):.1%}, max {max(mems):.1%}; "
+          f"within 20%: {sum(s <= 0.20 for s in steps)} of {len(steps)}\n")
+    print("| ratio | measured | predicted | error |")
+    print("|---|---|---|---|")
+    for label, a, b in RATIOS:
+        meas = results[a].measured["step_time_s"] / results[b].measured["step_time_s"]
+        pred = results[a].predicted["step_time_s"] / results[b].predicted["step_time_s"]
+        print(f"| {label} | {meas:.2f} | {pred:.2f} | {pred / meas - 1:+.1%} |")
+
+
+if __name__ == "__main__":
+    main()
