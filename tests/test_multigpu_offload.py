@@ -45,9 +45,10 @@ def test_each_rank_moves_and_updates_only_its_shard(cal):
     for dp, r in reports.items():
         off = r.extra["offload"]
         assert off["per_gpu"] and off["schedule"] == "overlapped"
-        # the rank's reduced gradient shard goes down, its updated parameter shard comes back
-        assert off["bytes_d2h"] == pytest.approx(MID.total_params / dp * 2, rel=0.02)
-        assert off["bytes_h2d"] == pytest.approx(MID.total_params / dp * 2, rel=0.02)
+        # the rank's reduced gradient shard goes down, its updated parameter shard comes back, both
+        # in fp32 as DeepSpeed 0.19's stage 3 moves them (validation/measured_libraries trace)
+        assert off["bytes_d2h"] == pytest.approx(MID.total_params / dp * 4, rel=0.02)
+        assert off["bytes_h2d"] == pytest.approx(MID.total_params / dp * 4, rel=0.02)
     # every GPU of the node holds its shard on the host: the node holds the whole state, however many GPUs
     host = [r.host.peak_bytes for r in reports.values()]
     assert max(host) == pytest.approx(min(host), rel=1e-6)
