@@ -52,7 +52,7 @@ def transfer_widths(cost: CostModel, setup: OffloadSetup, grad_width: float, gpu
         # fp32 partition copied up as fp32 and narrowed on the GPU (its trace: 1.8 s of pageable
         # copies for a 3.2e9-parameter model = 12.8 GB at the pageable rate)
         g_gpu, p_gpu = gw == 2, pw == 2
-    if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+    if setup.speculative:
         gpu_cast_s = price(gpu_cast("probe", probe, Phase.BWD)) / probe
         cpu_cast_s = price(cpu_bytes("probe", probe * 6, Phase.BWD, False)) / probe
         adam = price(cpu_adam("probe", probe, setup, False)) / probe

@@ -166,7 +166,7 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
                            lambda: gpu_cast("grads.cast_fp32", params, BWD, src.stream))
             deps = [rw.insert_after(at, new(cast, deps, layer, mb))]
         nbytes = params * widths.grad
-        lane = src.stream if setup.serial_grad_copies else _D2H
+        lane = src.stream if setup.grads_on_compute_stream else _D2H
         d2h = _shared(alike, ("grads.d2h", nbytes, lane), lambda: copy_op(
             "grads.d2h", K.D2H, nbytes, BWD, setup, lane, _bucket_count(nbytes, setup, widths.bucket_d2h),
             duplex_bwd))
@@ -191,8 +191,8 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
     if setup.serial_grad_copies:
         _zero_offload_step(rw, arrivals, setup, new, widths, last_mb, alike)
         return
-    superoffload = setup.schedule == OffloadSchedule.SUPEROFFLOAD
-    main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
+    superoffload = setup.speculative
+    main_thread = setup.schedule != OffloadSchedule.SUPEROFFLOAD  # else its CPU-Adam runs in a worker process
     returns = not setup.params  # else the next step fetches the updated parameters
     barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
     prev = _host_clip(rw, arrivals, setup, new, last_mb, alike) if setup.grad_clip and not superoffload else None
@@ -211,7 +211,10 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
             h2d = _shared(alike, ("params.h2d.pageable", nbytes), lambda: copy_op(
                 "params.h2d", K.H2D, nbytes, OPT, setup, _H2D).evolve(pinned=False, host_waits=True))
             chain.append(new(h2d, [prev], src.layer, last_mb))
-            prev = chain[-1]
+            if widths.param_gpu_cast:
+                cast = _shared(alike, ("params.cast_bf16", params), lambda: gpu_cast("params.cast_bf16", params, OPT))
+                chain.append(new(cast, [chain[-1]], src.layer, last_mb))
+            prev = chain[-2] if widths.param_gpu_cast else chain[-1]
         elif returns:
             nbytes = params * widths.param
             h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(

@@ -32,12 +32,20 @@ class OffloadSetup:
     cpu_impl: CpuOptimizer  # the host AdamW implementation, never AUTO
     pinned: bool
     # DeepSpeed ZeRO-Offload at stage 1/2 (overlap_comm false by default): each gradient is cast
-    # to fp32 on the GPU and copied into the pinned fp32 buffer on the stream that made it
+    # to fp32 on the GPU and copied into the pinned fp32 buffer on the stream that made it, and
+    # the host step runs pass by pass (schedules._zero_offload_step)
     serial_grad_copies: bool = False
+    # gradients leave on the stream that made them (stage 1/2 above; clipped SuperOffload's
+    # copies into pageable memory, which block the backward thread)
+    grads_on_compute_stream: bool = False
     # DeepSpeed 0.19 ZeRO-3 with offload_optimizer only: each sub-group's updated fp32 partition is
     # copied into the GPU's 16-bit partition by the training thread from pageable memory
     # (aten::copy_ with a dtype change; its trace: Pageable -> Device), whatever pin_memory says
     pageable_param_return: bool = False
+    # SuperOffload steps each sub-group on the CPU during backward as its gradients complete; with
+    # gradient clipping DeepSpeed 0.19 does not (superoffload_stage3.py partition_grads: "not
+    # self.clip_grad"), and _step_with_clipping steps sub-group by sub-group after backward
+    speculative: bool = False
     grad_clip: bool = False
 
     @property
@@ -70,6 +78,8 @@ def resolve(plan: Plan) -> OffloadSetup:
     # Gradients must reach the CPU optimizer, and offloaded parameters are updated
     # where their fp32 masters live (ZeRO-Infinity, FSDP CPUOffload): both imply the rest.
     optimizer = "optimizer" in plan.offload or "grads" in plan.offload or params
+    zero_offload = schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2
+    clipped_superoffload = schedule == OffloadSchedule.SUPEROFFLOAD and plan.grad_clip and not params
     return OffloadSetup(
         schedule=schedule,
         optimizer=optimizer,
@@ -82,8 +92,11 @@ def resolve(plan: Plan) -> OffloadSetup:
         # (its trace on the lent x86 host: Device -> Pageable, Pageable -> Device); on GH200's
         # coherent C2C pageable memory moves at near the pinned rate, on PCIe at a fraction
         pinned=plan.offload_pinned and schedule != OffloadSchedule.SUPEROFFLOAD,
-        serial_grad_copies=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2,
-        pageable_param_return=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3,
+        serial_grad_copies=zero_offload,
+        grads_on_compute_stream=zero_offload or clipped_superoffload,
+        pageable_param_return=(schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3)
+        or clipped_superoffload,
+        speculative=schedule == OffloadSchedule.SUPEROFFLOAD and not plan.grad_clip,
         grad_clip=plan.grad_clip,
     )
 
