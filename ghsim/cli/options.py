@@ -3,10 +3,50 @@ and the Plan they describe."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
 import click
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is a number: NaN and infinity are refused (they would print as a step time of
+    nan ms and as JSON that is not JSON)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class BoundedInt(click.ParamType):
+    """An integer no larger in size than `limit`: bigger counts describe no cluster or model and
+    would overflow the float arithmetic of the cost model."""
+
+    name = "integer"
+
+    def __init__(self, limit: int = 10**9):
+        self.limit = limit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            number = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not an integer", param, ctx)
+        if abs(number) > self.limit:
+            self.fail(f"{value} is out of range (at most {self.limit:,} in size)", param, ctx)
+        return number
+
+
+FLOAT = FiniteFloat()
+INT = BoundedInt()
 
 
 def plan_options(f: Callable, searched: bool = False) -> Callable:
@@ -15,33 +55,33 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
     `searched`: the help of `ghsim plan`, where a flag left out is searched, not defaulted."""
     options = [
         click.option("--model", "model_name", required=True, help="Catalog name (`ghsim models`), model TOML or HF config.json."),
-        click.option("--gpus", type=int, default=None, help="Total GPUs (default 1)."),
-        click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: the hardware's)."),
-        click.option("--seq", type=int, default=None, help="Sequence length (default 4096)."),
-        click.option("--micro-batch", type=int, default=None,
+        click.option("--gpus", type=INT, default=None, help="Total GPUs (default 1)."),
+        click.option("--gpus-per-node", type=INT, default=None, help="GPUs per node (default: the hardware's)."),
+        click.option("--seq", type=INT, default=None, help="Sequence length (default 4096)."),
+        click.option("--micro-batch", type=INT, default=None,
                      help="Sequences per GPU per micro-batch (default: " + ("searched)." if searched else "1).")),
-        click.option("--global-batch", type=int, default=None, help="Sequences per step (default: " + (
+        click.option("--global-batch", type=INT, default=None, help="Sequences per step (default: " + (
             "4 per GPU, at least 32)." if searched else "one micro-batch per GPU).")),
-        click.option("--zero", type=int, default=None, help="ZeRO stage 0-3."),
+        click.option("--zero", type=INT, default=None, help="ZeRO stage 0-3."),
         click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8"]), default=None),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None),
         click.option("--offload", default=None, help="Comma list of optimizer,grads,params,activations."),
-        click.option("--offload-ratio", type=float, default=None, help="Share of the optimizer step on the CPU."),
+        click.option("--offload-ratio", type=FLOAT, default=None, help="Share of the optimizer step on the CPU."),
         click.option("--offload-schedule", type=click.Choice(["auto", "sync", "overlapped", "superoffload"]),
                      default=None, help="How offloaded state moves (auto: sync for torch, overlapped for deepspeed)."),
         click.option("--offload-pinned/--offload-pageable", "offload_pinned", default=None,
                      help="Offload buffers page-locked (default) or pageable."),
         click.option("--unified-memory", is_flag=True, default=None),
-        click.option("--tp", type=int, default=None),
-        click.option("--pp", type=int, default=None),
-        click.option("--ep", type=int, default=None),
+        click.option("--tp", type=INT, default=None),
+        click.option("--pp", type=INT, default=None),
+        click.option("--ep", type=INT, default=None),
         click.option("--sequence-parallel", is_flag=True, default=None,
                      help="Megatron sequence parallelism with --tp (norms and residuals split over the sequence)."),
-        click.option("--pp-interleave", type=int, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
-        click.option("--lora-rank", type=int, default=None),
+        click.option("--pp-interleave", type=INT, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
+        click.option("--lora-rank", type=INT, default=None),
         click.option("--cuda-graphs", is_flag=True, default=None, help="Replay the step as CUDA graphs (cheap launches)."),
-        click.option("--dataloader-workers", type=int, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
-        click.option("--batch-prep-ms", type=float, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
+        click.option("--dataloader-workers", type=INT, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
+        click.option("--batch-prep-ms", type=FLOAT, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
         click.option("--optimizer-impl", type=click.Choice(["foreach", "fused"]), default=None),
         click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed", "megatron",
                                                        "megatron-legacy"]), default=None,

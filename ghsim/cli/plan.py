@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import FLAG_TO_FIELD, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
@@ -95,9 +95,9 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
 @click.option("--objective", default="time", show_default=True,
               help="Rank by: time (step time), cost (dollars per million tokens), memory (HBM headroom).")
-@click.option("--price", type=float, default=None, help="Dollars per GPU-hour (default: the profile's).")
-@click.option("--top", type=int, default=5, show_default=True, help="Plans to list.")
-@click.option("--jobs", type=int, default=None, help="Worker processes (default: every core).")
+@click.option("--price", type=FLOAT, default=None, help="Dollars per GPU-hour (default: the profile's).")
+@click.option("--top", type=INT, default=5, show_default=True, help="Plans to list.")
+@click.option("--jobs", type=INT, default=None, help="Worker processes (default: every core).")
 @click.option("--precisions", default=PRECISIONS_OPTION, show_default=True,
               help="Precisions to search (--precision pins one).")
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
@@ -106,7 +106,7 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Pareto front of step time vs HBM (PNG).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="The best plan's timeline (Chrome trace).")
 @click.option("--save-plan", "save_file", type=click.Path(), default=None, help="Write the best plan as plan.toml.")
-@click.option("--time-limit", type=float, default=7.0, show_default=True,
+@click.option("--time-limit", type=FLOAT, default=7.0, show_default=True,
               help="Seconds of simulating before the rest is reported unexplored (0: simulate every survivor).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
 def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
@@ -201,14 +201,14 @@ def _csv(value: str, what: str) -> list[str]:
 @click.option("--hardware", "hardware_names", default="gh200-96gb,h100-sxm", show_default=True,
               help="Comma list of hardware profiles.")
 @click.option("--gpus", "gpu_counts", default="1,4,8", show_default=True, help="Comma list of cluster sizes.")
-@click.option("--seq", type=int, default=4096, show_default=True)
-@click.option("--global-batch", type=int, default=0, help="Sequences per step (default: max(32, 4 x gpus)).")
-@click.option("--lora-rank", type=int, default=0)
+@click.option("--seq", type=INT, default=4096, show_default=True)
+@click.option("--global-batch", type=INT, default=0, help="Sequences per step (default: max(32, 4 x gpus)).")
+@click.option("--lora-rank", type=INT, default=0)
 @click.option("--objective", default="time", show_default=True, help="time | cost | memory")
 @click.option("--precisions", default=PRECISIONS_OPTION, show_default=True)
 @click.option("--pin", "pins", default="", help="Plan dimensions fixed in every search, e.g. recompute=full,zero=3.")
 @click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786): run the searches there.")
-@click.option("--jobs", type=int, default=None, help="Local worker processes without --scheduler (default: every core).")
+@click.option("--jobs", type=INT, default=None, help="Local worker processes without --scheduler (default: every core).")
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
               help="Microbenchmark/calibration JSON for every search (default: each profile's set).")
 @click.option("--out", "out_file", type=click.Path(), default=None, help="Write the results (.parquet or .csv).")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -23,7 +23,7 @@ def trace() -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--steps", metavar="A-B", help="Only ProfilerStep#A..#B: a range like 3-5, one step, or 'all' (first to last step).")
 @click.option("--nvtx", metavar="NAME", help="Only the NVTX / annotation ranges with this name (glob allowed).")
-@click.option("--device", type=int, metavar="N", help="GPU to report (default: the busiest).")
+@click.option("--device", type=INT, metavar="N", help="GPU to report (default: the busiest).")
 @click.option("--top", type=click.IntRange(0, 1000), default=10, show_default=True, help="How many top kernels.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | None, top: int,
@@ -45,7 +45,7 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
 @plan_options
 @click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True)
 @click.option("--steps", required=True, metavar="A-B", help="Steps to capture, 0-based (e.g. 10-12).")
-@click.option("--startup-s", type=float, default=60.0, show_default=True,
+@click.option("--startup-s", type=FLOAT, default=60.0, show_default=True,
               help="Seconds from launch to the first step (model build, data, compile).")
 @click.option("--output", default="ghsim_capture", show_default=True, help="Report name.")
 @click.option("--program", default="python train.py", show_default=True, help="The training command.")
