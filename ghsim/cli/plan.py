@@ -223,9 +223,11 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
     from ghsim.search.core import default_jobs
     from ghsim.search.objective import Objective
     from ghsim.search.sweep import sweep as run_sweep
-    from ghsim.search.sweep import pinned_values, tasks_for, write_results
+    from ghsim.search.sweep import check_scheduler_address, failures, pinned_values, tasks_for, write_results
 
     Objective.parse(objective)
+    if scheduler is not None:
+        check_scheduler_address(scheduler)
     try:
         counts = [int(g) for g in _csv(gpu_counts, "--gpus")]
     except ValueError:
@@ -252,3 +254,8 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
         click.echo(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if out_file:
         click.echo(f"wrote {out_file} ({len(df)} rows)")
+    n_failed, reason = failures(df)
+    if n_failed == len(df):
+        raise GhsimError(f"every sweep row failed ({n_failed} of {len(df)}); the first: {reason}")
+    if n_failed:
+        click.echo(f"ghsim: warning: {n_failed} of {len(df)} sweep rows failed; the first: {reason}", err=True)

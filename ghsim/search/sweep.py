@@ -109,9 +109,10 @@ def _on_dask(tasks: list[SweepTask], calibration: Any, address: str, progress) -
         from distributed import Client, as_completed
     except ImportError:
         raise GhsimError("--scheduler needs Dask: pip install 'ghsim[dask]'") from None
+    check_scheduler_address(address)
     try:
         client = Client(address, timeout=10)
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, ValueError) as e:
         raise GhsimError(f"cannot reach the Dask scheduler at {address}: {e}") from None
     try:
         cal = client.scatter(calibration, broadcast=True) if calibration is not None else None
@@ -125,6 +126,21 @@ def _on_dask(tasks: list[SweepTask], calibration: Any, address: str, progress) -
         return rows
     finally:
         client.close()
+
+
+def check_scheduler_address(address: str) -> None:
+    """A Dask scheduler address is [protocol://]host:port; anything else is refused before Dask
+    is imported (Dask's own error is a ValueError from deep inside its address parser)."""
+    _, _, location = address.rpartition("://")
+    host, sep, port = location.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise GhsimError(f"--scheduler: {address!r} is not a Dask scheduler address (tcp://host:port)")
+
+
+def failures(df) -> tuple[int, str]:
+    """How many rows failed (an error, not "no plan fits") and the first failure's reason."""
+    failed = df[df["status"] == "error"]
+    return len(failed), (str(failed["error"].iloc[0]) if len(failed) else "")
 
 
 def pinned_values(pins: dict[str, Any]) -> dict[str, Any]:
