@@ -53,8 +53,9 @@ def _calibration(path: str | None):
     from ghsim.tomlio import read_json
 
     d = read_json(Path(path))
-    ref = d.get("meta", {}).get("reference_profile") if isinstance(d, dict) else None
-    if not ref:
+    meta = d.get("meta") if isinstance(d, dict) else None
+    ref = meta.get("reference_profile") if isinstance(meta, dict) else None
+    if not isinstance(ref, str) or not ref:
         raise GhsimError(f"{path}: meta.reference_profile is missing (the profile of the GPU it was measured on)")
     return calibration_from_dict(d, load_hardware(ref), path)
 
