@@ -271,3 +271,9 @@ def _count(table: dict[str, Any], key: str, where: str) -> int:
     if v != int(v) or v < 1:
         raise GhsimError(f"{where}: '{key}' must be a positive integer")
     return int(v)
+
+
+def has_fp8(hw: Hardware) -> bool:
+    """FP8 Tensor Cores run at twice the bf16 rate (Hopper); a profile whose fp8 figure is the
+    bf16 one (A100: "not supported in hardware", it falls back to 16-bit) has none."""
+    return hw.peak_flops["fp8"] > hw.peak_flops["bf16"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ghsim.cli.checks import check_simulated_plan
 from ghsim.cli.options import plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
@@ -50,6 +51,7 @@ def compare(hardware_names: tuple[str, ...], best: bool, as_json: bool, **kw: An
     model = load_model(kw["model_name"])
     hardware = [load_hardware(h) for h in hardware_names]
     plan = plan_from_flags(kw)
+    check_simulated_plan(kw, plan, hardware)
     finder = _best_plan_finder() if best else None
     result = run_compare(model, hardware, plan, best_plan=finder)
     if as_json:

@@ -130,6 +130,8 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
     from ghsim.search.space import default_space, pin
 
+    from ghsim.cli.checks import check_precision, supported_precisions
+
     goal = Objective.parse(objective)
     if top < 1:
         raise GhsimError("--top must be at least 1")
@@ -144,6 +146,11 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     except ValueError:
         raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
                          f"{', '.join(p.value for p in Precision)}") from None
+    if "precision" in pins:
+        check_precision(base.with_(precision=pins["precision"]), hw)
+    precs = supported_precisions(hw, precs)
+    if not precs:
+        raise GhsimError(f"--precisions: {hw.name} runs none of {precisions!r} (it has no FP8 Tensor Cores)")
     space = pin(default_space(model, hw, base, precs), pins)
     if time_limit < 0:
         raise GhsimError("--time-limit must not be negative")

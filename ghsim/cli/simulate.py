@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ghsim.cli.checks import check_simulated_plan
 from ghsim.cli.options import plan_from_flags, plan_options
 from ghsim.tomlio import write_text
 
@@ -31,6 +32,7 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
     model = load_model(kw["model_name"])
     hw = load_hardware(hardware_name)
     plan = plan_from_flags(kw)
+    check_simulated_plan(kw, plan, [hw])
     report = run_simulation(model, hw, plan)
     if trace_file:
         write_text(trace_file, json.dumps(chrome_trace(report)))

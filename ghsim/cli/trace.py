@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ghsim.cli.checks import check_simulated_plan
 from ghsim.cli.options import FLOAT, INT, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
@@ -56,8 +57,9 @@ def trace_command(hardware_name: str, steps: str, startup_s: float, output: str,
     from ghsim.simulate import simulate as run_simulation
     from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
 
-    report = run_simulation(load_model(kw["model_name"]), load_hardware(hardware_name), plan_from_flags(kw),
-                            keep_timeline=False)
+    hw, plan = load_hardware(hardware_name), plan_from_flags(kw)
+    check_simulated_plan(kw, plan, [hw])
+    report = run_simulation(load_model(kw["model_name"]), hw, plan, keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)
     click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
                f"about {startup_s + w.first_step * report.step_time_s:.1f} s after launch")

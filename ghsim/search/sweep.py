@@ -43,7 +43,7 @@ def tasks_for(models: Sequence[str], hardware: Sequence[str], gpus: Sequence[int
 
 def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
     """One search; a plan that cannot be searched (bad name, nothing fits) is a row too."""
-    from ghsim.hardware import load_hardware
+    from ghsim.hardware import has_fp8, load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Framework, Plan, Precision, check_values
     from ghsim.search.core import search
@@ -60,7 +60,8 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
                     global_batch=task.global_batch or default_global_batch(task.gpus),
                     framework=Framework(task.framework), optimizer_impl=DEFAULT_OPTIMIZER)
         check_values(base)
-        space = default_space(model, hw, base, tuple(Precision(p) for p in task.precisions))
+        precisions = tuple(p for p in map(Precision, task.precisions) if p != Precision.FP8 or has_fp8(hw))
+        space = default_space(model, hw, base, precisions)
         if task.pins:
             space = pin(space, pinned_values(dict(task.pins)))
         r = search(model, hw, base, space, Objective.parse(task.objective), calibration, task.price, jobs=1)
@@ -131,8 +132,12 @@ def _on_dask(tasks: list[SweepTask], calibration: Any, address: str, progress) -
 def check_scheduler_address(address: str) -> None:
     """A Dask scheduler address is [protocol://]host:port; anything else is refused before Dask
     is imported (Dask's own error is a ValueError from deep inside its address parser)."""
-    _, _, location = address.rpartition("://")
-    host, sep, port = location.rpartition(":")
+    protocol, sep, location = address.partition("://")
+    if sep:  # tcp://, tls://, inproc://...: Dask parses the rest (its ValueError is caught at connect)
+        if protocol.isalnum() and location:
+            return
+        raise GhsimError(f"--scheduler: {address!r} is not a Dask scheduler address (tcp://host:port)")
+    host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise GhsimError(f"--scheduler: {address!r} is not a Dask scheduler address (tcp://host:port)")
 
