@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ghsim.cli.checks import check_simulated_plan
-from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.cli.options import model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -48,7 +48,7 @@ def compare(hardware_names: tuple[str, ...], best: bool, as_json: bool, **kw: An
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
 
-    model = load_model(kw["model_name"])
+    model = load_model(model_and_hardware(kw, None)[0])
     hardware = [load_hardware(h) for h in hardware_names]
     plan = plan_from_flags(kw)
     check_simulated_plan(kw, plan, hardware)

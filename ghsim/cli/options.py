@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import click
 
+from ghsim.errors import GhsimError
+
 
 class FiniteFloat(click.ParamType):
     """A float that is a number: NaN and infinity are refused (they would print as a step time of
@@ -54,7 +56,8 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
 
     `searched`: the help of `ghsim plan`, where a flag left out is searched, not defaulted."""
     options = [
-        click.option("--model", "model_name", required=True, help="Catalog name (`ghsim models`), model TOML or HF config.json."),
+        click.option("--model", "model_name", default=None,
+                     help="Catalog name (`ghsim models`), model TOML or HF config.json (default: the --plan file's)."),
         click.option("--gpus", type=INT, default=None, help="Total GPUs (default 1)."),
         click.option("--gpus-per-node", type=INT, default=None, help="GPUs per node (default: the hardware's)."),
         click.option("--seq", type=INT, default=None, help="Sequence length (default 4096)."),
@@ -90,7 +93,7 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
                           "masters; eager kernels), megatron (the same, with fused kernels: one per norm, "
                           "activation, rotary and loss, flash attention, fused Adam), megatron-legacy (Megatron-LM "
                           "of 2021-22: fused kernels, softmax attention between batched GEMMs)."),
-        click.option("--plan", "plan_file", type=click.Path(), default=None, help="plan.toml (flags override it)."),
+        click.option("--plan", "plan_file", type=click.Path(), default=None, help="plan.toml, e.g. from ghsim plan --save-plan: its model, hardware and plan (flags override it, with a note)."),
         click.option("--deepspeed", "ds_file", type=click.Path(), default=None, help="DeepSpeed ds_config.json."),
     ]
     for opt in reversed(options):
@@ -109,19 +112,52 @@ FLAG_TO_FIELD = {
 }
 
 
-def plan_from_flags(kw: dict[str, Any]):
-    """A Plan from a plan file or ds_config (if given) with the explicit flags on top."""
-    from ghsim.plan import plan_from_dict
+TARGET_KEYS = ("model", "hardware")  # what a saved plan.toml records beside the plan's own fields
+DEFAULT_HARDWARE = "gh200-96gb"
+
+
+def _plan_file(kw: dict[str, Any]) -> dict[str, Any]:
     from ghsim.tomlio import read_toml
 
-    base: dict[str, Any] = {}
-    if kw.get("plan_file"):
-        base.update(read_toml(Path(kw["plan_file"])))
+    return read_toml(Path(kw["plan_file"])) if kw.get("plan_file") else {}
+
+
+def plan_from_flags(kw: dict[str, Any]):
+    """A Plan from a plan file or ds_config (if given) with the explicit flags on top; a flag that
+    changes a value of the plan file overrides it, with a note on stderr."""
+    from ghsim.plan import plan_from_dict
+
+    base = {k: v for k, v in _plan_file(kw).items() if k not in TARGET_KEYS}
     if kw.get("ds_file"):
         from ghsim.deepspeed import plan_dict_from_ds_config
 
         base.update(plan_dict_from_ds_config(Path(kw["ds_file"])))
+    file_keys = set(base)
+    from_files = plan_from_dict(base, str(kw.get("plan_file") or kw.get("ds_file") or "plan")) if base else None
     for flag, field_name in FLAG_TO_FIELD.items():
         if kw.get(flag) is not None:
             base[field_name] = kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
-    return plan_from_dict(base, "plan")
+    plan = plan_from_dict(base, "plan")
+    if from_files is not None:
+        changed = [f"--{flag.replace('_', '-')}" for flag, name in FLAG_TO_FIELD.items()
+                   if kw.get(flag) is not None and name in file_keys and getattr(plan, name) != getattr(from_files, name)]
+        if changed:
+            click.echo(f"ghsim: note: flags override the plan file's values: {', '.join(changed)}", err=True)
+    return plan
+
+
+def model_and_hardware(kw: dict[str, Any], hardware_flag: str | None) -> tuple[str, str]:
+    """The model and hardware to run: the flags, else what a saved plan file records (ghsim plan
+    --save-plan), else the default part. A --hardware that differs from the plan file's is an
+    override (documented in --plan's help) and noted on stderr."""
+    recorded = _plan_file(kw)
+    for key in TARGET_KEYS:
+        if key in recorded and not (isinstance(recorded[key], str) and recorded[key]):
+            raise GhsimError(f"{kw['plan_file']}: '{key}' must be a name or path")
+    model = kw.get("model_name") or recorded.get("model")
+    if not model:
+        raise GhsimError("--model is required (or a --plan file that names its model)")
+    hardware = hardware_flag or recorded.get("hardware") or DEFAULT_HARDWARE
+    if hardware_flag and recorded.get("hardware") and hardware_flag != recorded["hardware"]:
+        click.echo(f"ghsim: note: --hardware {hardware_flag} overrides the plan file's {recorded['hardware']}", err=True)
+    return model, hardware

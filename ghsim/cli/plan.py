@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
@@ -93,7 +93,7 @@ def base_and_pins(kw: dict[str, Any]):
 
 @click.command()
 @functools.partial(plan_options, searched=True)
-@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
+@click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
 @click.option("--objective", default="time", show_default=True,
               help="Rank by: time (step time), cost (dollars per million tokens), memory (HBM headroom).")
 @click.option("--price", type=FLOAT, default=None, help="Dollars per GPU-hour (default: the profile's).")
@@ -110,7 +110,7 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--time-limit", type=FLOAT, default=7.0, show_default=True,
               help="Seconds of simulating before the rest is reported unexplored (0: simulate every survivor).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
-def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
+def plan(hardware_name: str | None, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
          time_limit: float,
          calibration_file: str | None, as_json: bool, plot_file: str | None, trace_file: str | None,
          save_file: str | None, progress: bool | None, **kw: Any) -> None:
@@ -137,7 +137,8 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
         raise GhsimError("--top must be at least 1")
     if price is not None and price <= 0:
         raise GhsimError("--price must be positive")
-    model = load_model(kw["model_name"])
+    model_name, hardware_name = model_and_hardware(kw, hardware_name)
+    model = load_model(model_name)
     hw = load_hardware(hardware_name)
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
@@ -172,7 +173,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
 
             note = (f"ghsim plan: best of {result.n_evaluated:,} plans for {model.name} on {base.gpus} x {hw.name} "
                     f"(objective {goal.value}): {best.step_time_s:.2f} s/step, {best.hbm_peak_bytes / 1e9:.1f} GB HBM")
-            write_text(save_file, plan_to_toml(best.plan, note))
+            write_text(save_file, plan_to_toml(best.plan, note, model_name, hw, hardware_name))
         if trace_file:
             from ghsim.report.step_report import chrome_trace
             from ghsim.simulate import simulate

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ghsim.cli.checks import check_simulated_plan
-from ghsim.cli.options import plan_from_flags, plan_options
+from ghsim.cli.options import model_and_hardware, plan_from_flags, plan_options
 from ghsim.tomlio import write_text
 
 
@@ -18,18 +18,19 @@ def _echo_json(obj: Any) -> None:
 
 @click.command()
 @plan_options
-@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
+@click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="Write the timeline as a Chrome trace.")
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw timeline and memory to a PNG.")
-def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
+def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
     """Simulate one training step and report time, memory and utilization."""
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.report.step_report import chrome_trace, render_table
     from ghsim.simulate import simulate as run_simulation
 
-    model = load_model(kw["model_name"])
+    model_name, hardware_name = model_and_hardware(kw, hardware_name)
+    model = load_model(model_name)
     hw = load_hardware(hardware_name)
     plan = plan_from_flags(kw)
     check_simulated_plan(kw, plan, [hw])

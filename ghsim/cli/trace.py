@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ghsim.cli.checks import check_simulated_plan
-from ghsim.cli.options import FLOAT, INT, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -44,22 +44,23 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
 
 @trace.command("command")
 @plan_options
-@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True)
+@click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
 @click.option("--steps", required=True, metavar="A-B", help="Steps to capture, 0-based (e.g. 10-12).")
 @click.option("--startup-s", type=FLOAT, default=60.0, show_default=True,
               help="Seconds from launch to the first step (model build, data, compile).")
 @click.option("--output", default="ghsim_capture", show_default=True, help="Report name.")
 @click.option("--program", default="python train.py", show_default=True, help="The training command.")
-def trace_command(hardware_name: str, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
+def trace_command(hardware_name: str | None, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
     """Print the nsys command and PyTorch profiler schedule that capture steps A-B."""
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.simulate import simulate as run_simulation
     from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
 
+    model_name, hardware_name = model_and_hardware(kw, hardware_name)
     hw, plan = load_hardware(hardware_name), plan_from_flags(kw)
     check_simulated_plan(kw, plan, [hw])
-    report = run_simulation(load_model(kw["model_name"]), hw, plan, keep_timeline=False)
+    report = run_simulation(load_model(model_name), hw, plan, keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)
     click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
                f"about {startup_s + w.first_step * report.step_time_s:.1f} s after launch")
