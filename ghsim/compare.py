@@ -157,8 +157,9 @@ def render(c: Comparison) -> str:
             if not b:
                 lines.append(f"  {name}: no plan fits")
             else:
+                judged = (f", {b['n_evaluated']:,} of {b['n_candidates']:,} plans judged"
+                          if "n_candidates" in b else "")
                 lines.append(f"  {name}: fits; step {b['step_time_s'] * 1e3:.1f} ms, {b['tokens_per_s']:.0f} tokens/s, "
-                             f"{b['hbm_peak_bytes'] / 1e9:.1f} GB HBM ({b['n_evaluated']:,} of {b['n_candidates']:,} "
-                             f"plans judged): {b['flags']}")
+                             f"{b.get('hbm_peak_bytes', 0) / 1e9:.1f} GB HBM{judged}: {b['flags']}")
         lines += [p.reason for p in best_pairs(c.best)]
     return "\n".join(lines)
