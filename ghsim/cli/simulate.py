@@ -45,3 +45,12 @@ def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, p
         _echo_json(report.to_dict())
     else:
         click.echo(render_table(report))
+    if not report.fits:
+        click.echo(no_fit_advice(model_name, hardware_name, plan), err=True)
+
+
+def no_fit_advice(model_name: str, hardware_name: str, plan) -> str:
+    """What to do about a plan that does not fit: the search finds the ones that do."""
+    return (f"ghsim: note: this plan does not fit; `ghsim plan --model {model_name} --gpus {plan.gpus} "
+            f"--hardware {hardware_name} --seq {plan.seq}` finds the plans that do (offload, ZeRO, recompute, "
+            f"micro-batch, parallelism) or says what would make one fit")
