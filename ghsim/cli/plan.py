@@ -88,6 +88,8 @@ def base_and_pins(kw: dict[str, Any]):
     check_values(given)
     check_values(explicit)
     base = given.with_(**{f: v for f, v in pins.items() if f in LAYOUT})
+    if base.gpus % (base.tp * base.pp):
+        raise GhsimError(f"--gpus {base.gpus} is not divisible by tp*pp = {base.tp}*{base.pp}")
     return base, pins, baseline
 
 
