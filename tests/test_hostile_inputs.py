@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -224,6 +225,9 @@ COMMANDS: dict[str, Callable[[random.Random, Files], list[str]]] = {
 
 # -- the promise -----------------------------------------------------------------------------------
 
+NON_FINITE = re.compile(r"(?<![\w-])-?(nan|inf|infinity)(?![\w-])", re.I)
+
+
 class Hang(Exception):
     pass
 
@@ -265,6 +269,8 @@ def violation(args: list[str]) -> str | None:
                      "<class "):
             if leak in errors[0]:
                 return f"Python internals in the message: {errors[0][:200]}"
+    if r.exit_code == 0 and NON_FINITE.search(r.stdout):  # silently accepted: "step time nan ms"
+        return f"non-finite number printed: {NON_FINITE.search(r.stdout).group(0)!r}"
     if r.exit_code == 0 and "--json" in args:
         try:
             _finite_json(r.stdout)
