@@ -34,8 +34,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise GhsimError(f"{path}: malformed TOML: {e}") from None
     except ValueError as e:  # a nan or inf value
         raise GhsimError(f"{path}: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise GhsimError(f"{path}: cannot read: {e}") from None
+    except UnicodeDecodeError:
+        raise GhsimError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise GhsimError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def read_json(path: Path) -> Any:
@@ -51,7 +53,7 @@ def read_json(path: Path) -> Any:
     except RecursionError:
         raise GhsimError(f"{path}: JSON nested too deeply") from None
     except OSError as e:
-        raise GhsimError(f"{path}: cannot read: {e}") from None
+        raise GhsimError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def write_text(path: Path | str, text: str) -> Path:

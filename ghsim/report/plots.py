@@ -24,7 +24,7 @@ def save(fig, path: str) -> None:
     try:
         fig.savefig(path, dpi=110)
     except (OSError, ValueError) as e:  # ValueError: a file extension matplotlib cannot write
-        raise GhsimError(f"{path}: cannot write: {e}") from None
+        raise GhsimError(f"{path}: cannot write: {getattr(e, 'strerror', None) or e}") from None
     finally:
         plt.close(fig)
 
