@@ -36,6 +36,9 @@ class GhsimGroup(click.Group):
             click.echo(f"ghsim: error: the input's sizes are too large to simulate "
                        f"({str(e)[:120] or 'out of memory'})", err=True)
             sys.exit(2)
+        except OSError as e:  # a path the OS refuses (name too long, permission) that no check caught
+            click.echo(f"ghsim: error: {str(e.filename or '')[:120]}: {e.strerror or 'cannot be used'}", err=True)
+            sys.exit(2)
         except click.exceptions.NoArgsIsHelpError as e:  # bare `ghsim`: the help, not an error
             click.echo(e.ctx.get_help())
             sys.exit(0)

@@ -88,6 +88,8 @@ def base_and_pins(kw: dict[str, Any]):
     check_values(given)
     check_values(explicit)
     base = given.with_(**{f: v for f, v in pins.items() if f in LAYOUT})
+    if pins.get("pp_interleave", 1) > 1 and pins.get("pp", 1) < 2:
+        raise GhsimError("--pp-interleave splits each pipeline stage into model chunks: pin --pp 2 or more with it")
     if base.gpus % (base.tp * base.pp):
         raise GhsimError(f"--gpus {base.gpus} is not divisible by tp*pp = {base.tp}*{base.pp}")
     return base, pins, baseline
@@ -223,11 +225,13 @@ def _csv(value: str, what: str) -> list[str]:
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
               help="Microbenchmark/calibration JSON for every search (default: each profile's set).")
 @click.option("--out", "out_file", type=click.Path(), default=None, help="Write the results (.parquet or .csv).")
+@click.option("--time-limit", type=FLOAT, default=7.0, show_default=True,
+              help="Seconds of simulating per search before the rest is left unexplored (0: none), as in plan.")
 @click.option("--progress/--no-progress", default=None)
 def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_batch: int, lora_rank: int,
           objective: str, precisions: str, pins: str, scheduler: str | None, jobs: int | None,
           calibration_file: str | None,
-          out_file: str | None, progress: bool | None) -> None:
+          out_file: str | None, time_limit: float, progress: bool | None) -> None:
     """Search the best plan for every model x hardware x cluster size (locally or on Dask)."""
     import pandas as pd
 
@@ -243,8 +247,10 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
         counts = [int(g) for g in _csv(gpu_counts, "--gpus")]
     except ValueError:
         raise GhsimError(f"--gpus: {gpu_counts!r} must be a comma list of integers") from None
-    if any(g < 1 for g in counts):
-        raise GhsimError("--gpus: every cluster size must be at least 1")
+    if any(not 1 <= g <= INT.limit for g in counts):
+        raise GhsimError(f"--gpus: every cluster size must lie in 1..{INT.limit:,}")
+    if time_limit < 0:
+        raise GhsimError("--time-limit must not be negative")
     pinned = []
     for item in (p for p in pins.split(",") if p.strip()):
         key, sep, value = item.partition("=")
@@ -254,7 +260,7 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
     pinned_values(dict(pinned))  # a bad field or value fails here, once
     tasks = tasks_for(_csv(models, "--models"), _csv(hardware_names, "--hardware"), counts, seq=seq,
                       global_batch=global_batch, lora_rank=lora_rank, objective=objective,
-                      precisions=tuple(_csv(precisions, "--precisions")), pins=tuple(pinned))
+                      precisions=tuple(_csv(precisions, "--precisions")), pins=tuple(pinned), time_limit=time_limit)
     df = run_sweep(tasks, _calibration(calibration_file), scheduler, jobs or default_jobs(),
                    ProgressBar(progress, "sweeping"))
     if out_file:

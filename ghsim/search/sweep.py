@@ -35,6 +35,7 @@ class SweepTask:
     framework: str = DEFAULT_FRAMEWORK.value
     price: float | None = None
     pins: tuple[tuple[str, Any], ...] = ()  # plan dimensions fixed for every search: (field, value)
+    time_limit: float = 0.0  # seconds of simulating per search (0: none), as `ghsim plan --time-limit`
 
 
 def tasks_for(models: Sequence[str], hardware: Sequence[str], gpus: Sequence[int], **common: Any) -> list[SweepTask]:
@@ -64,7 +65,8 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
         space = default_space(model, hw, base, precisions)
         if task.pins:
             space = pin(space, pinned_values(dict(task.pins)))
-        r = search(model, hw, base, space, Objective.parse(task.objective), calibration, task.price, jobs=1)
+        r = search(model, hw, base, space, Objective.parse(task.objective), calibration, task.price, jobs=1,
+                   time_limit=task.time_limit)
         row.update(model=model.name, n_evaluated=r.n_evaluated, n_feasible=r.n_feasible)
         if r.best is None:
             row.update(status="no plan fits")
