@@ -60,6 +60,25 @@ def _calibration(path: str | None):
     return calibration_from_dict(d, load_hardware(ref), path)
 
 
+def searched_precisions(precisions: str, pins: dict[str, Any], base, hw) -> tuple:
+    """The --precisions list the part can run (no fp8 without FP8 Tensor Cores); a pinned
+    --precision the part cannot run is refused."""
+    from ghsim.cli.checks import check_precision, supported_precisions
+    from ghsim.plan import Precision
+
+    try:
+        precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
+    except ValueError:
+        raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
+                         f"{', '.join(p.value for p in Precision)}") from None
+    if "precision" in pins:
+        check_precision(base.with_(precision=pins["precision"]), hw)
+    precs = supported_precisions(hw, precs)
+    if not precs:
+        raise GhsimError(f"--precisions: {hw.name} runs none of {precisions!r} (it has no FP8 Tensor Cores)")
+    return precs
+
+
 def base_and_pins(kw: dict[str, Any]):
     """The given plan fields (gpus, seq, batch, LoRA, software), the pinned search dimensions,
     and the user's own plan when a plan.toml or ds_config.json was given."""
@@ -128,13 +147,10 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
     """
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
-    from ghsim.plan import Precision
     from ghsim.search.core import default_jobs, search
     from ghsim.search.objective import Objective
     from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
     from ghsim.search.space import default_space, pin
-
-    from ghsim.cli.checks import check_precision, supported_precisions
 
     goal = Objective.parse(objective)
     if top < 1:
@@ -146,17 +162,7 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
     hw = load_hardware(hardware_name)
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
-    try:
-        precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
-    except ValueError:
-        raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
-                         f"{', '.join(p.value for p in Precision)}") from None
-    if "precision" in pins:
-        check_precision(base.with_(precision=pins["precision"]), hw)
-    precs = supported_precisions(hw, precs)
-    if not precs:
-        raise GhsimError(f"--precisions: {hw.name} runs none of {precisions!r} (it has no FP8 Tensor Cores)")
-    space = pin(default_space(model, hw, base, precs), pins)
+    space = pin(default_space(model, hw, base, searched_precisions(precisions, pins, base, hw)), pins)
     if time_limit < 0:
         raise GhsimError("--time-limit must not be negative")
     result = search(model, hw, base, space, goal, cal, price, top=top, jobs=jobs or default_jobs(),
