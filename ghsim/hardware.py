@@ -273,6 +273,76 @@ def _count(table: dict[str, Any], key: str, where: str) -> int:
     return int(v)
 
 
+@dataclass(frozen=True)
+class NodeChoice:
+    """The profile a plan runs on once its --gpus-per-node is read, and the one line that says why."""
+
+    hardware: Hardware
+    note: str | None
+
+
+def _same_gpu_node_kinds(hw: Hardware) -> list[Hardware]:
+    """Other profiles of the same GPU and host link (e.g. gh200-96gb and gh200-96gb-quad), by node size."""
+    same = []
+    for name in profile_names():
+        if name == hw.name:
+            continue
+        other = load_hardware(name)
+        if (other.gpu_model, other.hbm.capacity_bytes, other.host_link.kind) == (
+                hw.gpu_model, hw.hbm.capacity_bytes, hw.host_link.kind):
+            same.append(other)
+    return sorted(same, key=lambda h: h.gpus_per_node)
+
+
+def bigger_node_hint(hw: Hardware) -> str:
+    """' (for a 4-GPU node use --hardware gh200-96gb-quad)' where such a profile exists, else ''."""
+    bigger = [h for h in _same_gpu_node_kinds(hw) if h.gpus_per_node > hw.gpus_per_node]
+    if not bigger:
+        return ""
+    return f" (for a {bigger[0].gpus_per_node}-GPU node of the same GPU use --hardware {bigger[0].name})"
+
+
+def node_profile_for(hw: Hardware, gpus: int, gpus_per_node: int) -> NodeChoice:
+    """Read --gpus-per-node against the profile's node size.
+
+    A single-superchip profile asked for several GPUs per node means the multi-GPU node of the
+    same superchip (gh200-96gb with --gpus-per-node 4 is the quad GH200 node): that profile is
+    taken and a note says so. Several single-superchip nodes without --gpus-per-node stay
+    nodes on the network, and a note names the multi-GPU node profile. Otherwise the profile
+    is kept.
+    """
+    bigger = [h for h in _same_gpu_node_kinds(hw) if h.gpus_per_node > hw.gpus_per_node]
+    if gpus_per_node > hw.gpus_per_node:
+        fit = [h for h in bigger if h.gpus_per_node >= gpus_per_node]
+        if not fit:
+            raise GhsimError(f"--gpus-per-node {gpus_per_node} exceeds the {hw.gpus_per_node} GPU(s) "
+                             f"a {hw.name} node has{bigger_node_hint(hw)}")
+        pick = fit[0]
+        return NodeChoice(pick, f"{hw.name} is a {hw.gpus_per_node}-GPU node; --gpus-per-node {gpus_per_node} "
+                                f"reads as {pick.name} ({pick.gpus_per_node} GPUs per node on {pick.gpu_link.kind})")
+    if gpus_per_node == 0 and hw.gpus_per_node == 1 and gpus > 1 and bigger:
+        return NodeChoice(hw, f"{gpus} x {hw.name} = {gpus} one-GPU nodes on {hw.network.kind}; for "
+                              f"{bigger[0].gpus_per_node}-GPU nodes on {bigger[0].gpu_link.kind} use "
+                              f"--hardware {bigger[0].name}")
+    return NodeChoice(hw, None)
+
+
+def assumed_figures(hw: Hardware) -> list[str]:
+    """Dotted keys of the profile's figures whose source says they are assumptions, not measured or published."""
+    found: list[str] = []
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and "source" in value and "value" in value:
+                if str(value["source"]).lower().startswith("assumption"):
+                    found.append(prefix + key)
+            elif isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+
+    walk(hw.raw, "")
+    return found
+
+
 def has_fp8(hw: Hardware) -> bool:
     """FP8 Tensor Cores run at twice the bf16 rate (Hopper); a profile whose fp8 figure is the
     bf16 one (A100: "not supported in hardware", it falls back to 16-bit) has none."""

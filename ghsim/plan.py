@@ -75,6 +75,16 @@ class OffloadSchedule(str, Enum):
     SUPEROFFLOAD = "superoffload"  # Lian et al. 2025: per-bucket CPU Adam during backward, GPU tail
 
 
+class CpuOptimizer(str, Enum):
+    """The AdamW implementation an offloaded optimizer step runs on the host (cost/cpu_optimizer.py)."""
+
+    AUTO = "auto"  # the plan's library's own: DeepSpeedCPUAdam under DeepSpeed, else torch's CPU default
+    DEEPSPEED = "deepspeed-cpuadam"  # DeepSpeedCPUAdam: SIMD C++ with OpenMP
+    TORCH_FUSED = "torch-fused"  # torch.optim.AdamW(fused=True)
+    TORCH_FOREACH = "torch-foreach"  # torch.optim.AdamW(foreach=True)
+    TORCH_FORLOOP = "torch-forloop"  # torch.optim.AdamW() on CPU tensors: the single-tensor for-loop
+
+
 OFFLOAD_TARGETS = ("optimizer", "grads", "params", "activations")
 OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
 
@@ -105,6 +115,10 @@ class Plan:
     framework: Framework = Framework.TORCH_AMP
     offload_schedule: OffloadSchedule = OffloadSchedule.AUTO
     offload_pinned: bool = True  # offload buffers in page-locked host memory (DeepSpeed pin_memory)
+    cpu_optimizer: CpuOptimizer = CpuOptimizer.AUTO
+    cpu_threads: int = 0  # threads the CPU optimizer runs on per GPU; 0: what its launcher gives it
+    cpu_cores_share: float = 0.0  # SuperOffload's cpuadam_cores_perc: cores its CPU-Adam worker gets; 0: 0.8
+    grad_clip: bool = False  # gradients clipped by their global norm (DeepSpeed gradient_clipping > 0)
 
     # --- derived sizes ----------------------------------------------------
     @property
@@ -140,6 +154,7 @@ class Plan:
         d["recompute"] = self.recompute.value
         d["framework"] = self.framework.value
         d["offload_schedule"] = self.offload_schedule.value
+        d["cpu_optimizer"] = self.cpu_optimizer.value
         d["offload"] = sorted(self.offload)
         d["global_batch"] = self.resolved_global_batch
         d["grad_accum"] = self.grad_accum
@@ -180,6 +195,14 @@ class Plan:
             parts.append(f"--offload-schedule {self.offload_schedule.value}")
         if not self.offload_pinned:
             parts.append("--offload-pageable")
+        if self.cpu_optimizer != CpuOptimizer.AUTO:
+            parts.append(f"--cpu-optimizer {self.cpu_optimizer.value}")
+        if self.cpu_threads:
+            parts.append(f"--cpu-threads {self.cpu_threads}")
+        if self.grad_clip:
+            parts.append("--grad-clip")
+        if self.cpu_cores_share:
+            parts.append(f"--cpu-cores-share {self.cpu_cores_share:g}")
         if self.cuda_graphs:
             parts.append("--cuda-graphs")
         if self.batch_prep_s:
@@ -211,7 +234,7 @@ def parse_offload(value: Any) -> frozenset[str]:
 
 _INT_FIELDS = {
     "gpus", "gpus_per_node", "seq", "micro_batch", "global_batch", "zero",
-    "tp", "pp", "ep", "lora_rank", "dataloader_workers", "pp_interleave",
+    "tp", "pp", "ep", "lora_rank", "dataloader_workers", "pp_interleave", "cpu_threads",
 }
 
 
@@ -236,11 +259,13 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = parse_offload(value)
         elif key == "offload_schedule":
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
-        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel"):
+        elif key == "cpu_optimizer":
+            kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
-        elif key in ("offload_ratio", "batch_prep_s"):
+        elif key in ("offload_ratio", "batch_prep_s", "cpu_cores_share"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
@@ -281,13 +306,15 @@ def check_values(plan: Plan) -> None:
     for name in ("gpus", "seq", "micro_batch", "tp", "pp", "ep", "pp_interleave"):
         if getattr(plan, name) < 1:
             raise GhsimError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(plan, name)}")
-    for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers"):
+    for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers", "cpu_threads"):
         if getattr(plan, name) < 0:
             raise GhsimError(f"--{name.replace('_', '-')} must not be negative")
     if plan.zero not in (0, 1, 2, 3):
         raise GhsimError(f"--zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.batch_prep_s < 0:
         raise GhsimError(f"batch preparation time must not be negative, got {plan.batch_prep_s}")
+    if not 0.0 <= plan.cpu_cores_share <= 1.0:
+        raise GhsimError(f"the CPU optimizer's share of the cores must lie in [0, 1], got {plan.cpu_cores_share}")
     if not 0.0 <= plan.offload_ratio <= 1.0:
         raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
     if plan.optimizer_impl not in OPTIMIZER_IMPLS:

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from ghsim.cost.compute import CostModel
+from ghsim.cost.cpu_optimizer import curve_of
 from ghsim.cost.hostlink import HostSide
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.hardware import load_hardware
 from ghsim.model import load_model, model_from_dict
-from ghsim.plan import OffloadSchedule, Plan, plan_from_dict
+from ghsim.plan import CpuOptimizer, Framework, OffloadSchedule, Plan, plan_from_dict
 from ghsim.simulate import simulate
 from step_graphs import step_graph
 
@@ -55,18 +56,35 @@ def test_sync_optimizer_offload_is_the_harness_schedule(cal):
     assert not any(op.kind == K.OPT_GPU for op in g.ops)
 
 
-def test_overlapped_streams_grads_during_backward_and_waits_for_all(cal):
-    g = graph_of(cal, offload=OPT, framework="deepspeed")
+def test_zero_offload_copies_grads_as_deepspeed_019_does(cal):
+    """Stage 1/2 (overlap_comm false): each gradient cast to fp32 on the GPU and copied into the
+    pinned fp32 buffer on the compute stream, during backward; the host step waits for all."""
+    g = graph_of(cal, offload=OPT, framework="deepspeed", zero=2)
     d2h = named(g, "grads.d2h")
     assert len(d2h) == SMALL.num_layers + 2  # every layer, the LM head, the embedding
-    assert all(g.ops[i].resource == "d2h" for i in d2h)
-    assert sum(g.ops[i].bytes for i in d2h) == pytest.approx(SMALL.total_params * 2)  # bf16 grads
-    tl = run(cal, offload=OPT, framework="deepspeed").timeline
+    assert all(g.ops[i].resource == "gpu" for i in d2h)
+    assert sum(g.ops[i].bytes for i in d2h) == pytest.approx(SMALL.total_params * 4)  # fp32 grads
+    assert len(named(g, "grads.cast_fp32")) == len(d2h)
+    tl = run(cal, offload=OPT, framework="deepspeed", zero=2).timeline
     ends = [tl.schedule.end[i] for i, op in enumerate(tl.ops) if op.name == "grads.d2h"]
     bwd_end = max(tl.schedule.end[i] for i, op in enumerate(tl.ops) if op.phase == "bwd" and op.resource == "gpu")
-    first_adam = min(tl.schedule.start[i] for i, op in enumerate(tl.ops) if op.kind == K.OPT_CPU)
-    assert min(ends) < bwd_end  # streamed while backward runs
-    assert first_adam >= max(ends)  # the global gradient norm waits for every bucket
+    first_norm = min(tl.schedule.start[i] for i, op in enumerate(tl.ops) if op.name == "grads.norm.cpu")
+    assert min(ends) < bwd_end  # copied while backward runs
+    assert first_norm >= max(ends)  # the global gradient norm waits for every gradient
+
+
+def test_zero_offload_host_step_runs_pass_by_pass(cal):
+    """norm, clip, DeepSpeedCPUAdam over the partition, the fp32 -> bf16 narrowing, then the copies up."""
+    tl = run(cal, offload=OPT, framework="deepspeed", zero=2, grad_clip=True).timeline
+    order = ["grads.norm.cpu", "grads.clip.cpu", "cpu_adamw", "params.cast_bf16.cpu", "params.h2d"]
+    spans = [[(tl.schedule.start[i], tl.schedule.end[i]) for i, op in enumerate(tl.ops) if op.name == n]
+             for n in order]
+    assert all(spans)
+    for before, after in zip(spans, spans[1:]):
+        assert max(e for _, e in before) <= min(s for s, _ in after) + 1e-12
+    unclipped = run(cal, offload=OPT, framework="deepspeed", zero=2)
+    assert not any(op.name == "grads.clip.cpu" for op in unclipped.timeline.ops)
+    assert unclipped.step_time_s < run(cal, offload=OPT, framework="deepspeed", zero=2, grad_clip=True).step_time_s
 
 
 def test_superoffload_overlaps_cpu_adam_with_backward(cal):
@@ -174,17 +192,19 @@ def test_pcie_shares_its_bidirectional_cap():
 
 def test_gpus_behind_one_switch_share_the_link():
     shared = dataclasses.replace(PCIE, host_link=dataclasses.replace(PCIE.host_link, gpus_sharing=2))
-    alone = HostSide.of(shared, Plan(gpus=1))
-    pair = HostSide.of(shared, Plan(gpus=2, gpus_per_node=2))
+    alone = HostSide.of(shared, Plan(gpus=1, framework=Framework.DEEPSPEED))
+    pair = HostSide.of(shared, Plan(gpus=2, gpus_per_node=2, framework=Framework.DEEPSPEED))
     assert pair.link_rate(K.H2D) == pytest.approx(alone.link_rate(K.H2D) / 2)
     assert pair.cpu_adamw_rate() == pytest.approx(alone.cpu_adamw_rate() / 2)
 
 
 def test_cpu_adam_rate_depends_on_the_cpu(cal):
-    # torch's CPU AdamW: measured per-thread rate times the cores (x86), capped by the profile
+    """Fewer cores, slower torch AdamW; Grace's 72 cores are bound by its LPDDR5X bandwidth."""
     few = load_hardware("h100-sxm", {"cpu.cores": {"value": 16, "source": "test"}})
-    assert HostSide.of(few, None, cal).cpu_adamw_rate("torch") < HostSide.of(H100, None, cal).cpu_adamw_rate("torch")
-    assert HostSide.of(GH200, None, cal).cpu_adamw_rate("deepspeed") == GH200.cpu.adamw_params_per_s
+    fused = CpuOptimizer.TORCH_FUSED
+    assert HostSide.of(few, None, cal).cpu_adamw_rate(fused) < HostSide.of(H100, None, cal).cpu_adamw_rate(fused)
+    grace = HostSide.of(GH200, None, cal).cpu_adamw_rate(CpuOptimizer.DEEPSPEED)
+    assert grace == pytest.approx(GH200.cpu.adamw_params_per_s * 28 / curve_of(CpuOptimizer.DEEPSPEED).bytes_per_param)
 
 
 # --- unified memory --------------------------------------------------------------------------
@@ -249,7 +269,7 @@ def test_deepspeed_config_superoffload_and_pinning(tmp_path: Path):
     assert d["offload_schedule"] == "superoffload" and d["offload_ratio"] == 0.9 and d["offload_pinned"] is True
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     p.write_text(json.dumps(cfg))
-    assert plan_dict_from_ds_config(p)["offload_pinned"] is False  # DeepSpeed's default
+    assert plan_dict_from_ds_config(p)["offload_pinned"] is True  # DeepSpeed 0.19.8's default (offload_config.py)
     plan = plan_from_dict({k: v for k, v in d.items() if k != "zero"})
     assert plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD
 
@@ -300,3 +320,13 @@ def test_cli_bad_hardware_for_offload_and_unified_memory_exit_2(tmp_path: Path):
     res = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--hardware", str(tiny_host),
                                     "--offload", "optimizer"])
     assert res.exit_code == 2 and "host memory" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_zero3_optimizer_offload_returns_parameters_through_pageable_memory(cal):
+    """DeepSpeed 0.19 stage 3 with offload_optimizer only: the training thread copies each updated
+    piece up from pageable memory before it steps the next (its trace: Pageable -> Device)."""
+    g = graph_of(cal, offload=OPT, framework="deepspeed", zero=3)
+    ups = [g.ops[i] for i in named(g, "params.h2d")]
+    assert ups and all(not op.pinned and op.host_waits for op in ups)
+    z3 = run(cal, offload=OPT, framework="deepspeed", zero=3).step_time_s
+    assert z3 > run(cal, offload=OPT, framework="deepspeed", zero=2).step_time_s

@@ -33,7 +33,7 @@ def test_zero3_param_offload_and_fp16(tmp_path):
                       "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
                                             "offload_optimizer": {"device": "cpu"}}})
     assert d["precision"] == "fp16" and d["zero"] == 3 and set(d["offload"]) == {"optimizer", "grads", "params"}
-    assert d["global_batch"] == 64 and d["offload_pinned"] is False  # DeepSpeed's pin_memory default
+    assert d["global_batch"] == 64 and d["offload_pinned"] is True  # DeepSpeed 0.19.8 pin_memory default
 
 
 def test_accumulation_without_gpus_resolves_against_the_plan(tmp_path):
@@ -55,7 +55,7 @@ def test_accumulation_without_gpus_resolves_against_the_plan(tmp_path):
     ({"zero_optimization": {"offload_optimizer": "cpu"}}, "offload_optimizer must be an object"),
     ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, "device must be cpu, nvme or none"),
     ({"zero_optimization": {"offload_param": {"device": "nvme"}}}, "NVMe offload"),
-    ({"bf16": True}, "'bf16' must be an object"),
+    ({"bf16": True}, "bf16 must be an object"),
     ({"bf16": {"enabled": True}, "fp16": {"enabled": True}}, "cannot both be enabled"),
     ({"train_micro_batch_size_per_gpu": 0}, "positive integer"),
     ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},

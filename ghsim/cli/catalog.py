@@ -23,9 +23,11 @@ def models() -> None:
 @click.command()
 def hardware() -> None:
     """List the hardware profiles."""
-    from ghsim.hardware import load_hardware, profile_names
+    from ghsim.hardware import assumed_figures, load_hardware, profile_names
 
     for name in profile_names():
         hw = load_hardware(name)
+        assumed = assumed_figures(hw)
         click.echo(f"{name:<18} HBM {hw.hbm.capacity_bytes / 1e9:5.0f} GB {hw.hbm.bandwidth / 1e12:4.1f} TB/s  "
-                   f"bf16 {hw.peak_flops['bf16'] / 1e12:6.1f} TF  host link {hw.host_link.kind}")
+                   f"bf16 {hw.peak_flops['bf16'] / 1e12:6.1f} TF  host link {hw.host_link.kind}  "
+                   f"{hw.gpus_per_node} GPU(s)/node  assumed: {', '.join(assumed) if assumed else 'none'}")

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ghsim.cli.checks import check_simulated_plan
-from ghsim.cli.options import FLOAT, model_and_hardware, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -60,11 +60,10 @@ def compare(hardware_names: tuple[str, ...], best: bool, time_limit: float, prog
     """The same plan on two or more hardware profiles: time, memory, speedup and why."""
     from ghsim.compare import compare as run_compare
     from ghsim.compare import render
-    from ghsim.hardware import load_hardware
     from ghsim.model import load_model
 
     model = load_model(model_and_hardware(kw, None)[0])
-    hardware = [load_hardware(h) for h in hardware_names]
+    hardware = [load_hardware_for(h, kw) for h in hardware_names]
     plan = plan_from_flags(kw)
     check_simulated_plan(kw, plan, hardware)
     if time_limit < 0:

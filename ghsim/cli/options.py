@@ -10,6 +10,7 @@ from typing import Any, Callable
 import click
 
 from ghsim.errors import GhsimError
+from ghsim.plan import CpuOptimizer
 
 
 class FiniteFloat(click.ParamType):
@@ -86,6 +87,20 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--dataloader-workers", type=INT, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
         click.option("--batch-prep-ms", type=FLOAT, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
         click.option("--optimizer-impl", type=click.Choice(["foreach", "fused"]), default=None),
+        click.option("--cpu-optimizer", type=click.Choice([c.value for c in CpuOptimizer]), default=None,
+                     help="AdamW the host runs for an offloaded optimizer (auto: DeepSpeedCPUAdam under "
+                          "deepspeed, else torch.optim.AdamW's CPU default, the for-loop)."),
+        click.option("--cpu-threads", type=INT, default=None,
+                     help="Threads the CPU optimizer runs on per GPU (default: the cores its launcher gives it; "
+                          "torchrun gives torch 1 per rank when several ranks share a node)."),
+        click.option("--cpu-cores-share", type=FLOAT, default=None,
+                     help="SuperOffload's cpuadam_cores_perc: share of a GPU's cores its CPU-Adam worker is "
+                          "pinned to (default 0.8); the training process keeps the rest."),
+        click.option("--grad-clip", is_flag=True, default=None,
+                     help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
+                          "one more pass over the fp32 gradients on the CPU."),
+        click.option("--host-cores", type=INT, default=None,
+                     help="CPU cores of the host (node) you have, e.g. 16 for a 16-vCPU VM (default: the profile's)."),
         click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed", "megatron",
                                                        "megatron-legacy"]), default=None,
                      help="Whose precision semantics and kernels the step follows: torch-amp (fp32 params, "
@@ -109,7 +124,22 @@ FLAG_TO_FIELD = {
     "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "cuda_graphs": "cuda_graphs",
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
+    "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
+    "grad_clip": "grad_clip",
 }
+
+
+def load_hardware_for(name: str, kw: dict[str, Any]):
+    """The hardware profile `name` with the host the user says they have (--host-cores)."""
+    from ghsim.errors import GhsimError
+    from ghsim.hardware import load_hardware
+
+    cores = kw.get("host_cores")
+    if cores is None:
+        return load_hardware(name)
+    if cores < 1:
+        raise GhsimError(f"--host-cores must be at least 1, got {cores}")
+    return load_hardware(name, {"cpu.cores": {"value": cores, "source": "stated by the user (--host-cores)"}})
 
 
 TARGET_KEYS = ("model", "hardware")  # what a saved plan.toml records beside the plan's own fields
@@ -129,9 +159,12 @@ def plan_from_flags(kw: dict[str, Any]):
 
     base = {k: v for k, v in _plan_file(kw).items() if k not in TARGET_KEYS}
     if kw.get("ds_file"):
-        from ghsim.deepspeed import plan_dict_from_ds_config
+        from ghsim.deepspeed import read_ds_config
 
-        base.update(plan_dict_from_ds_config(Path(kw["ds_file"])))
+        fields, notes = read_ds_config(Path(kw["ds_file"]))
+        base.update(fields)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
     file_keys = set(base)
     from_files = plan_from_dict(base, str(kw.get("plan_file") or kw.get("ds_file") or "plan")) if base else None
     for flag, field_name in FLAG_TO_FIELD.items():

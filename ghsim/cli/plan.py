@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, model_and_hardware, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
@@ -145,7 +145,7 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
     Any other plan flag pins that dimension. --plan/--deepspeed: your own plan, simulated and
     compared with the best one found.
     """
-    from ghsim.hardware import load_hardware
+    from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
     from ghsim.search.core import default_jobs, search
     from ghsim.search.objective import Objective
@@ -159,9 +159,10 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
         raise GhsimError("--price must be positive")
     model_name, hardware_name = model_and_hardware(kw, hardware_name)
     model = load_model(model_name)
-    hw = load_hardware(hardware_name)
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
+    asked = load_hardware_for(hardware_name, kw)
+    hw = (node := node_profile_for(asked, base.gpus, base.gpus_per_node)).hardware
     space = pin(default_space(model, hw, base, searched_precisions(precisions, pins, base, hw)), pins)
     if time_limit < 0:
         raise GhsimError("--time-limit must not be negative")
@@ -183,7 +184,7 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
 
             note = (f"ghsim plan: best of {result.n_evaluated:,} plans for {model.name} on {base.gpus} x {hw.name} "
                     f"(objective {goal.value}): {best.step_time_s:.2f} s/step, {best.hbm_peak_bytes / 1e9:.1f} GB HBM")
-            write_text(save_file, plan_to_toml(best.plan, note, model_name, hw, hardware_name))
+            write_text(save_file, plan_to_toml(best.plan, note, model_name, hw, hardware_name if hw is asked else hw.name))
         if trace_file:
             from ghsim.report.step_report import chrome_trace
             from ghsim.simulate import simulate
@@ -195,15 +196,17 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
             plot_pareto(result, plot_file)
     advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
     if as_json:
-        click.echo(json.dumps(to_json(result, top, base_eval), indent=2))
+        note = {"node_note": node.note} if node.note else {}
+        click.echo(json.dumps({**to_json(result, top, base_eval), **note}, indent=2))
     else:
+        if node.note:
+            click.echo(f"note: {node.note}")
         if base_eval is not None:
             click.echo(baseline_line(result, base_eval))
         click.echo(render_table(result, top) if result.ranked else "\n".join(advice))
     if not result.ranked:
         fixes = [line.strip("- ").strip() for line in advice if line.startswith("  - ")]
-        raise GhsimError(f"no plan fits {model.name} on {base.gpus} x {hw.name}"
-                         + (f"; try {fixes[0]}" if fixes else ""))
+        raise GhsimError(advice[0].rstrip(".") + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:
         click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
 

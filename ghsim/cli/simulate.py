@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import click
 
 from ghsim.cli.checks import check_simulated_plan
-from ghsim.cli.options import model_and_hardware, plan_from_flags, plan_options
+from ghsim.cli.options import load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.tomlio import write_text
 
 
@@ -24,17 +25,20 @@ def _echo_json(obj: Any) -> None:
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw timeline and memory to a PNG.")
 def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
     """Simulate one training step and report time, memory and utilization."""
-    from ghsim.hardware import load_hardware
+    from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
     from ghsim.report.step_report import chrome_trace, render_table
     from ghsim.simulate import simulate as run_simulation
 
     model_name, hardware_name = model_and_hardware(kw, hardware_name)
     model = load_model(model_name)
-    hw = load_hardware(hardware_name)
     plan = plan_from_flags(kw)
+    node = node_profile_for(load_hardware_for(hardware_name, kw), plan.gpus, plan.gpus_per_node)
+    hw = node.hardware
     check_simulated_plan(kw, plan, [hw])
     report = run_simulation(model, hw, plan)
+    if node.note:  # which node kind the flags were read as: the report's first note
+        report = dataclasses.replace(report, notes=(node.note, *report.notes))
     if trace_file:
         write_text(trace_file, json.dumps(chrome_trace(report)))
     if plot_file:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ghsim.cli.checks import check_simulated_plan
-from ghsim.cli.options import FLOAT, INT, model_and_hardware, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -52,13 +52,12 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
 @click.option("--program", default="python train.py", show_default=True, help="The training command.")
 def trace_command(hardware_name: str | None, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
     """Print the nsys command and PyTorch profiler schedule that capture steps A-B."""
-    from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.simulate import simulate as run_simulation
     from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
 
     model_name, hardware_name = model_and_hardware(kw, hardware_name)
-    hw, plan = load_hardware(hardware_name), plan_from_flags(kw)
+    hw, plan = load_hardware_for(hardware_name, kw), plan_from_flags(kw)
     check_simulated_plan(kw, plan, [hw])
     report = run_simulation(load_model(model_name), hw, plan, keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)

@@ -20,7 +20,7 @@ from ghsim.cost.calibration import Calibration, attention_features
 from ghsim.graph.flops import gemm_flops
 from ghsim.cost.hostlink import HostSide
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
-from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, CpuAdam, GpuAdam
+from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, GpuAdam
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan, Precision, Recompute
 
@@ -145,8 +145,8 @@ class CostModel:
         return fit.fixed_s + params / (fit.rate * self.hbm_ratio)
 
     # --- host side ------------------------------------------------------------
-    def cpu_optimizer_time(self, params: float, impl: str = "") -> float:
-        return self.host.cpu_optimizer_time(params, impl or CpuAdam.TORCH)
+    def cpu_optimizer_time(self, params: float, impl: str) -> float:
+        return self.host.cpu_optimizer_time(params, impl)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""

@@ -30,17 +30,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ghsim.graph.ops import Kind
-from ghsim.graph.optimizer import CpuAdam
+from ghsim.cost.cpu_optimizer import ADAMW_STREAM_BYTES, cpu_optimizer_rate, per_thread_bandwidth
+from ghsim.graph.optimizer import resolve_cpu_optimizer
+from ghsim.plan import CpuOptimizer, OffloadSchedule
 
 if TYPE_CHECKING:
     from ghsim.cost.calibration import Calibration
     from ghsim.hardware import Hardware
     from ghsim.plan import Plan
 
-# Bytes one fp32 AdamW update streams through host memory: read param, grad, m, v
-# (16 B), write param, m, v (12 B). The profiles derive adamw_params_per_s from the
-# same count, so casts priced at adamw_rate * 28 B/s see the same achieved bandwidth.
-ADAMW_BYTES_PER_PARAM = 28
+# SuperOffload's default `cpuadam_cores_perc`: the share of a rank's cores its CPU-Adam worker
+# process is pinned to; the training process keeps the rest (deepspeed 0.19.8,
+# runtime/zero/offload_config.py; measured: validation/measured_libraries/README.md).
+SUPEROFFLOAD_CPU_ADAM_CORES = 0.8
 # The NVIDIA UVM driver services GPU page faults in batches of up to 256
 # (open-gpu-kernel-modules, uvm_gpu_replayable_faults.c: uvm_perf_fault_batch_count).
 UM_FAULTS_PER_BATCH = 256
@@ -52,7 +54,8 @@ class HostSide:
     hw: "Hardware"
     link_sharers: int = 1  # GPUs of the plan copying over one host link at once
     node_gpus: int = 1  # GPUs of the plan on one node (they share an x86 host's CPU and memory)
-    torch_adam_per_thread: float = 0.0  # measured torch CPU AdamW params/s per thread; 0: none applies
+    optimizer_threads: int = 0  # threads one GPU's CPU optimizer runs on; 0: all of its cores
+    main_threads: int = 0  # threads the training process's own host work (casts, sums) runs on
 
     @staticmethod
     def of(hw: "Hardware", plan: "Plan | None" = None, cal: "Calibration | None" = None) -> "HostSide":
@@ -61,13 +64,11 @@ class HostSide:
             per_node = plan.gpus_per_node or hw.gpus_per_node
             node = max(1, min(plan.gpus, per_node))
         sharers = max(1, min(hw.host_link.gpus_sharing, node))
-        per_thread = 0.0
-        # The calibration host's torch AdamW measurement carries over to x86 hosts only
-        # (it was taken on an x86 VM); Grace keeps its profile figure.
-        if cal is not None and cal.optimizer_cpu_params_per_s > 0 and cal.optimizer_cpu_threads > 0 \
-                and "grace" not in hw.cpu.model.lower():
-            per_thread = cal.optimizer_cpu_params_per_s / cal.optimizer_cpu_threads
-        return HostSide(hw, sharers, node, per_thread)
+        side = HostSide(hw, sharers, node)
+        if plan is None:
+            return side
+        opt, main = optimizer_threads(plan, side.cores_per_gpu, node)
+        return HostSide(hw, sharers, node, opt, main)
 
     # --- the link ---------------------------------------------------------------
     def host_memory_rate(self) -> float:
@@ -107,25 +108,27 @@ class HostSide:
             return max(1, self.hw.gpus_per_node, self.node_gpus)
         return self.node_gpus
 
-    def cpu_adamw_rate(self, impl: str = CpuAdam.VECTOR) -> float:
-        """fp32 AdamW params/s one GPU's share of the host sustains.
+    @property
+    def cores_per_gpu(self) -> int:
+        return max(1, self.hw.cpu.cores // self.cpu_sharers)
 
-        Vectorized CPU-Adam (DeepSpeed, GraceAdam) runs at the profile's figure,
-        which is bandwidth-derived; torch's CPU AdamW runs at the measured
-        per-thread rate times the cores, never above the profile's figure.
-        """
-        profile = self.hw.cpu.adamw_params_per_s
-        rate = profile
-        if impl == CpuAdam.TORCH and self.torch_adam_per_thread > 0:
-            rate = min(profile, self.torch_adam_per_thread * self.hw.cpu.cores)
-        return rate / self.cpu_sharers
+    def _stream_bandwidth(self, threads: int) -> float:
+        """Bytes/s `threads` threads of one GPU's share of the host stream. The profile's
+        adamw_params_per_s is bandwidth-derived at 28 B per update, so x 28 is the host's."""
+        share = self.hw.cpu.adamw_params_per_s * ADAMW_STREAM_BYTES / self.cpu_sharers
+        return min(share, max(1, threads) * per_thread_bandwidth())
 
-    def cpu_optimizer_time(self, params: float, impl: str = CpuAdam.VECTOR) -> float:
+    def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED) -> float:
+        """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets."""
+        threads = self.optimizer_threads or self.cores_per_gpu
+        return cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads))
+
+    def cpu_optimizer_time(self, params: float, impl: str = CpuOptimizer.DEEPSPEED) -> float:
         return params / self.cpu_adamw_rate(impl) if params > 0 else 0.0
 
     def cpu_stream_rate(self) -> float:
-        """Bytes/s host cores sustain on a streaming pass (a cast, an accumulation)."""
-        return min(self.cpu_adamw_rate(CpuAdam.VECTOR) * ADAMW_BYTES_PER_PARAM, self.host_memory_rate())
+        """Bytes/s the training process's own host work (a cast, an accumulation) streams."""
+        return min(self._stream_bandwidth(self.main_threads or self.cores_per_gpu), self.host_memory_rate())
 
     def cpu_bytes_time(self, nbytes: float) -> float:
         return nbytes / self.cpu_stream_rate() if nbytes > 0 else 0.0
@@ -147,3 +150,24 @@ class HostSide:
         if not (link.gpu_reads_host_in_place and link.in_place_read > 0):
             return math.inf
         return nbytes / min(link.in_place_read / self.link_sharers, self.host_memory_rate())
+
+
+def optimizer_threads(plan: "Plan", cores_per_gpu: int, node_gpus: int) -> tuple[int, int]:
+    """Threads of one GPU's CPU optimizer and of its training process's host work.
+
+    torchrun sets OMP_NUM_THREADS=1 when it starts several ranks on a node (and no value is set),
+    so torch's CPU optimizers then run on one thread per rank; DeepSpeedCPUAdam's OpenMP threads
+    share the node's cores; SuperOffload pins its CPU-Adam worker to cpuadam_cores_perc of them.
+    A stated --cpu-threads wins (capped at the cores one GPU has).
+    """
+    impl = resolve_cpu_optimizer(plan)
+    if plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD:
+        worker = max(1, int((plan.cpu_cores_share or SUPEROFFLOAD_CPU_ADAM_CORES) * cores_per_gpu))
+        opt, main = worker, max(1, cores_per_gpu - worker)
+    elif impl != CpuOptimizer.DEEPSPEED and node_gpus > 1:
+        opt = main = 1
+    else:
+        opt = main = cores_per_gpu
+    if plan.cpu_threads:
+        opt = min(plan.cpu_threads, cores_per_gpu)
+    return opt, main

@@ -45,6 +45,8 @@ def transfer_widths(cost: CostModel, setup: OffloadSetup, grad_width: float, gpu
         return Widths(4, 4, gw == 2, False, False, False, bucket_d2h, bucket_h2d)
     fetched = setup.params  # ZeRO-Infinity: no copy back; the CPU writes the bf16 host copy instead
     g_gpu = p_gpu = False  # ZeRO-Offload: casts on the CPU
+    if setup.serial_grad_copies:  # DeepSpeed 0.19 stage 1/2: copy_() into the fp32 pinned buffer casts on the GPU
+        g_gpu = gw == 2
     if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
         gpu_cast_s = price(gpu_cast("probe", probe, Phase.BWD)) / probe
         cpu_cast_s = price(cpu_bytes("probe", probe * 6, Phase.BWD, False)) / probe

@@ -7,6 +7,7 @@ import math
 from enum import StrEnum
 
 from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
+from ghsim.plan import CpuOptimizer, Framework, OffloadSchedule, Plan
 
 
 class GpuAdam(StrEnum):
@@ -16,15 +17,15 @@ class GpuAdam(StrEnum):
     FUSED = "fused"  # fused=True: one _fused_adamw_ call
 
 
-class CpuAdam(StrEnum):
-    """AdamW on the host, which prices very differently by implementation (cost/hostlink.py)."""
-
-    TORCH = "torch"  # torch.optim.AdamW on CPU tensors (what plain PyTorch and FSDP run)
-    VECTOR = "deepspeed"  # DeepSpeed CPU-Adam / GraceAdam: SIMD, bandwidth-bound
-
-
-TORCH_CPU_ADAM = CpuAdam.TORCH
-VECTOR_CPU_ADAM = CpuAdam.VECTOR
+def resolve_cpu_optimizer(plan: Plan) -> CpuOptimizer:
+    """The host AdamW a plan runs, "auto" resolved to its library's own: DeepSpeed (and its
+    SuperOffload) runs DeepSpeedCPUAdam; plain PyTorch and FSDP run torch.optim.AdamW with default
+    flags, which on CPU tensors is the single-tensor for-loop."""
+    if plan.cpu_optimizer != CpuOptimizer.AUTO:
+        return plan.cpu_optimizer
+    if plan.framework == Framework.DEEPSPEED or plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD:
+        return CpuOptimizer.DEEPSPEED
+    return CpuOptimizer.TORCH_FORLOOP
 
 # torch.optim.AdamW(foreach=True) makes this many _foreach_ calls per step, one
 # launch each when all tensors fit one launch: measured, validation/microbench/

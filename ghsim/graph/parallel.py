@@ -47,7 +47,7 @@ from ghsim.graph.step import (
 )
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import LayerSplit
-from ghsim.hardware import Hardware
+from ghsim.hardware import Hardware, bigger_node_hint
 from ghsim.model import ModelSpec
 from ghsim.plan import Framework, Plan
 
@@ -110,7 +110,7 @@ def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     v = plan.pp_interleave
     if plan.gpus_per_node > hw.gpus_per_node:
         raise GhsimError(f"--gpus-per-node {plan.gpus_per_node} exceeds the {hw.gpus_per_node} GPU(s) "
-                         f"a {hw.name} node has")
+                         f"a {hw.name} node has{bigger_node_hint(hw)}")
     per_node = plan.gpus_per_node or min(hw.gpus_per_node, plan.gpus)
     if plan.gpus > per_node and plan.gpus % per_node:
         raise GhsimError(f"--gpus {plan.gpus} is not a whole number of {per_node}-GPU nodes")

@@ -237,9 +237,10 @@ def _offload_extra(plan: Plan, setup: OffloadSetup, hw: Hardware, runs, kind_of,
 
 
 def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
+    host_note = [_host_note(setup, hw, host)] if setup.optimizer and setup.cpu_share > 0 else []
     if layout.gpus == 1:
-        return _one_gpu_notes(plan)
-    notes = [f"precision semantics: {plan.framework.value}",
+        return _one_gpu_notes(plan) + host_note
+    notes = host_note + [f"precision semantics: {plan.framework.value}",
              f"parallel layout: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}"
              + (f" (ep {layout.ep})" if layout.ep > 1 else "")
              + f" on {layout.nodes} node(s) of {layout.gpus_per_node} GPUs; one rank per pipeline stage simulated",
@@ -260,6 +261,14 @@ def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: 
         notes.append(f"offload ({setup.schedule.value}): every rank offloads {shard} of the offloaded state; "
                      f"{host_share}; host memory is per node")
     return notes
+
+
+def _host_note(setup: OffloadSetup, hw: Hardware, host: HostSide) -> str:
+    """The host the offloaded optimizer was priced on: a user reads whether it is theirs."""
+    threads = host.optimizer_threads or host.cores_per_gpu
+    return (f"host: {hw.cpu.cores} cores ({hw.cpu.model}), {host.cores_per_gpu} per GPU; CPU optimizer "
+            f"{setup.cpu_impl.value} on {threads} thread(s) per GPU: {host.cpu_adamw_rate(setup.cpu_impl) / 1e9:.2f} "
+            f"G params/s (--host-cores, --cpu-optimizer, --cpu-threads change this)")
 
 
 def _one_gpu_notes(plan: Plan) -> list[str]:

@@ -212,6 +212,8 @@ def no_fit_advice(r: SearchResult) -> list[str]:
         from collections import Counter
 
         reason, n = Counter(e.reason for e in rejected).most_common(1)[0]
+        if n == len(rejected):  # one layout error, not memory: memory advice would mislead
+            return [f"no plan could be simulated for {model.name} on {base.gpus} x {hw.name}: {reason}"]
         lines.append(f"the plans the memory model let through ({len(rejected):,}) the simulator cannot run: {reason}")
     small = smallest_plan(model, hw, base)
     est = estimate_memory(model, hw, small)

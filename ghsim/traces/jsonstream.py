@@ -13,6 +13,7 @@ strings they keep with `utf8()`.
 from __future__ import annotations
 
 import json
+import lzma
 import re
 import zlib
 from typing import BinaryIO, Iterator
@@ -62,9 +63,9 @@ class JsonStream:
         try:
             data = self.raw.read(self.chunk)
         except EOFError:
-            raise GhsimError(f"{self.source}: truncated gzip (compressed data ends at decompressed byte "
+            raise GhsimError(f"{self.source}: truncated gzip or xz data (the compressed data ends at decompressed byte "
                              f"{self.base + len(self.buf)})") from None
-        except (OSError, zlib.error) as e:
+        except (OSError, zlib.error, lzma.LZMAError) as e:
             raise GhsimError(f"{self.source}: corrupt compressed data ({e})") from None
         if not data:
             self.eof = True

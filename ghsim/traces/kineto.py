@@ -16,6 +16,7 @@ Python frames) is decoded one event at a time and dropped.
 from __future__ import annotations
 
 import gzip
+import lzma
 import re
 from array import array
 from decimal import Decimal, InvalidOperation
@@ -29,6 +30,7 @@ from ghsim.traces import events as ev
 from ghsim.traces.jsonstream import JsonStream, utf8
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"  # xz packs our committed traces about a third smaller than gzip
 
 KERNEL_CATS = frozenset({"kernel", "Kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy", "Memcpy", "memcpy"})
@@ -181,15 +183,19 @@ def _gpus(props) -> tuple[ev.GpuInfo, ...]:
     return tuple(out)
 
 
-def is_gzip(path: Path) -> bool:
+def _opener(path: Path):
+    """gzip.open, lzma.open or open, by the file's first bytes."""
     with open(path, "rb") as f:
-        return f.read(2) == GZIP_MAGIC
+        head = f.read(len(XZ_MAGIC))
+    if head.startswith(GZIP_MAGIC):
+        return gzip.open
+    return lzma.open if head == XZ_MAGIC else open
 
 
 def load_kineto(path: str | Path) -> ev.TraceData:
-    """Read a PyTorch profiler trace (.json or .json.gz) without loading it whole."""
+    """Read a PyTorch profiler trace (.json, .json.gz or .json.xz) without loading it whole."""
     path = Path(path)
-    opener = gzip.open if is_gzip(path) else open
+    opener = _opener(path)
     col = _Collector()
     header: dict = {}
     saw_array = False

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ghsim.errors import GhsimError
 from ghsim.traces.events import TraceData
-from ghsim.traces.kineto import GZIP_MAGIC, load_kineto
+from ghsim.traces.kineto import GZIP_MAGIC, XZ_MAGIC, load_kineto
 from ghsim.traces.nsys import SQLITE_MAGIC, load_nsys_sqlite
 from ghsim.traces.nsys_csv import load_nsys_csv, looks_like_stats_csv
 
@@ -35,7 +35,7 @@ def load_trace(path: str | Path) -> TraceData:
         raise GhsimError(f"{path}: empty file")
     if head.startswith(SQLITE_MAGIC):
         return load_nsys_sqlite(path)
-    if head.startswith(GZIP_MAGIC):
+    if head.startswith(GZIP_MAGIC) or head.startswith(XZ_MAGIC):
         return load_kineto(path)
     text = head.decode("latin-1").lstrip("\xef\xbb\xbf \t\r\n")
     if text[:1] in ("{", "["):
@@ -45,4 +45,4 @@ def load_trace(path: str | Path) -> TraceData:
     if path.suffix in (".sqlite", ".db"):
         raise GhsimError(f"{path}: not an SQLite database (expected an `nsys export --type sqlite` file)")
     raise GhsimError(f"{path}: unrecognised trace format (expected an nsys SQLite export, an `nsys stats` "
-                     f"CSV, or a PyTorch profiler JSON trace, optionally gzipped)")
+                     f"CSV, or a PyTorch profiler JSON trace, optionally gzip- or xz-compressed)")

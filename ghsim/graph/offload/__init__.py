@@ -11,13 +11,18 @@ Three schedules (plan.OffloadSchedule):
   parameters copied back; nothing overlaps. With parameters offloaded it is
   FSDP's CPUOffload: fp32 flat parameters fetched per layer and cast on the
   GPU, fp32 gradients sent down per layer, the CPU AdamW after backward.
-- overlapped: DeepSpeed ZeRO-Offload / ZeRO-Infinity. Gradients stream to the
-  host per layer in buckets on the D2H copy engine while backward runs; the
-  CPU-Adam waits for all of them (global gradient norm and overflow check),
-  then updates layer by layer, each layer's bf16 parameters copied back as
-  soon as they are ready. Parameters (ZeRO-Infinity) are prefetched one layer
-  ahead; activations leave on the D2H engine and are prefetched back one
-  layer ahead of their backward.
+- overlapped: DeepSpeed ZeRO-Offload / ZeRO-Infinity. At ZeRO stage 1/2
+  (DeepSpeed 0.19, overlap_comm false by default) each layer's gradients are
+  cast to fp32 on the GPU and copied into a pinned fp32 buffer on the stream
+  that made them; after backward the training thread computes the global norm,
+  clips, runs DeepSpeedCPUAdam over the partition, narrows it to 16 bits and
+  copies it up, pass by pass (as its profiler trace shows,
+  validation/measured_libraries). Otherwise (ZeRO-3) gradients stream to the
+  host in buckets on the D2H copy engine while backward runs; the CPU-Adam
+  waits for all of them, then updates layer by layer, each layer's bf16
+  parameters copied back as soon as they are ready. Parameters (ZeRO-Infinity)
+  are prefetched one layer ahead; activations leave on the D2H engine and are
+  prefetched back one layer ahead of their backward.
 - superoffload (Lian et al. 2025, DeepSpeed blog "SuperOffload"):
   speculation-then-validation lets the CPU-Adam update each bucket as soon as
   it arrives, overlapping backward; the last (1 - offload_ratio) of the

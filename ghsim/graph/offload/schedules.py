@@ -166,8 +166,9 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
                            lambda: gpu_cast("grads.cast_fp32", params, BWD, src.stream))
             deps = [rw.insert_after(at, new(cast, deps, layer, mb))]
         nbytes = params * widths.grad
-        d2h = _shared(alike, ("grads.d2h", nbytes), lambda: copy_op(
-            "grads.d2h", K.D2H, nbytes, BWD, setup, _D2H, _bucket_count(nbytes, setup, widths.bucket_d2h),
+        lane = src.stream if setup.serial_grad_copies else _D2H
+        d2h = _shared(alike, ("grads.d2h", nbytes, lane), lambda: copy_op(
+            "grads.d2h", K.D2H, nbytes, BWD, setup, lane, _bucket_count(nbytes, setup, widths.bucket_d2h),
             duplex_bwd))
         if src.held > 0:  # the GPU gradient is freed once it has left
             d2h = d2h.with_hbm("grads", -src.held)
@@ -187,6 +188,9 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
 
 def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: int, alike: dict[tuple, Op]) -> None:
     """The CPU's AdamW on each piece that arrived, its cast, and the updated parameters back."""
+    if setup.serial_grad_copies:
+        _zero_offload_step(rw, arrivals, setup, new, widths, last_mb, alike)
+        return
     superoffload = setup.schedule == OffloadSchedule.SUPEROFFLOAD
     main_thread = not superoffload  # DeepSpeed's CPU-Adam runs in the training loop's thread
     returns = not setup.params  # else the next step fetches the updated parameters
@@ -202,7 +206,13 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
                            lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
-        if returns:
+        if returns and setup.pageable_param_return:  # the training thread copies it up before the next piece
+            nbytes = params * widths.param
+            h2d = _shared(alike, ("params.h2d.pageable", nbytes), lambda: copy_op(
+                "params.h2d", K.H2D, nbytes, OPT, setup, _H2D).evolve(pinned=False, host_waits=True))
+            chain.append(new(h2d, [prev], src.layer, last_mb))
+            prev = chain[-1]
+        elif returns:
             nbytes = params * widths.param
             h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
                 "params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d),
@@ -223,6 +233,36 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
                 rw.append(n)
     for n in later:
         rw.append(n)
+
+
+def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op]) -> None:
+    """DeepSpeed 0.19's ZeRO-Offload step at stage 1/2 (stage_1_and_2.py, one parameter group),
+    as its profiler trace shows it (validation/measured_libraries): once every fp32 gradient is
+    on the host, the training thread reads them for the global norm, scales them in place when
+    clipping, runs DeepSpeedCPUAdam over the whole partition, narrows the fp32 partition to the
+    16-bit copy, and only then copies the parameters up. Pass by pass, nothing overlaps."""
+    barrier = [a for a, _, _ in arrivals]
+    passes = [("grads.norm.cpu", 4)] + ([("grads.clip.cpu", 8)] if setup.grad_clip else [])
+    prev: list = barrier
+    for name, width in passes:
+        for _, params, src in arrivals:
+            op = _shared(alike, (name, params), lambda: cpu_bytes(name, params * width, OPT, True))
+            prev = [rw.append(new(op, prev, src.layer, last_mb))]
+    for _, params, src in arrivals:
+        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, True))
+        prev = [rw.append(new(adam, prev, src.layer, last_mb))]
+    if widths.param_cpu_cast:
+        for _, params, src in arrivals:
+            cast = _shared(alike, ("params.cast_bf16.cpu", params),
+                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, True))
+            prev = [rw.append(new(cast, prev, src.layer, last_mb))]
+    if setup.params:
+        return
+    for _, params, src in arrivals:
+        nbytes = params * widths.param
+        h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
+            "params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d)))
+        prev = [rw.append(new(h2d, prev, src.layer, last_mb))]
 
 
 def _grad_bytes_per_run(graph: OpGraph, by_mb) -> dict[tuple[int, int], float]:

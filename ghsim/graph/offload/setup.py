@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import Resource
-from ghsim.graph.optimizer import TORCH_CPU_ADAM, VECTOR_CPU_ADAM
-from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
+from ghsim.graph.optimizer import resolve_cpu_optimizer
+from ghsim.plan import CpuOptimizer, Framework, OffloadSchedule, Plan, Recompute
 
 # DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
 # (deepspeed/runtime/zero/config.py, ZeroConfig.reduce_bucket_size).
@@ -29,8 +29,16 @@ class OffloadSetup:
     activations: bool  # saved activations go to the host in forward
     cpu_share: float  # fraction of the optimizer work on the CPU (offload_ratio)
     shard: int  # ranks sharing optimizer state and gradients (ZeRO >= 1): each offloads 1/shard
-    cpu_impl: str  # torch (torch.optim.AdamW on CPU) | deepspeed (vectorized CPU-Adam)
+    cpu_impl: CpuOptimizer  # the host AdamW implementation, never AUTO
     pinned: bool
+    # DeepSpeed ZeRO-Offload at stage 1/2 (overlap_comm false by default): each gradient is cast
+    # to fp32 on the GPU and copied into the pinned fp32 buffer on the stream that made it
+    serial_grad_copies: bool = False
+    # DeepSpeed 0.19 ZeRO-3 with offload_optimizer only: each sub-group's updated fp32 partition is
+    # copied into the GPU's 16-bit partition by the training thread from pageable memory
+    # (aten::copy_ with a dtype change; its trace: Pageable -> Device), whatever pin_memory says
+    pageable_param_return: bool = False
+    grad_clip: bool = False
 
     @property
     def any(self) -> bool:
@@ -69,8 +77,11 @@ def resolve(plan: Plan) -> OffloadSetup:
         activations="activations" in plan.offload,
         cpu_share=plan.offload_ratio if optimizer else 0.0,
         shard=plan.dp if plan.zero >= 1 else 1,
-        cpu_impl=VECTOR_CPU_ADAM if plan.framework == Framework.DEEPSPEED else TORCH_CPU_ADAM,
+        cpu_impl=resolve_cpu_optimizer(plan),
         pinned=plan.offload_pinned,
+        serial_grad_copies=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2,
+        pageable_param_return=schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3,
+        grad_clip=plan.grad_clip,
     )
 
 

@@ -5,7 +5,9 @@ case.toml (validation/cases format, plus what ghsim cannot express), result.json
 """
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import shutil
 import sys
 from pathlib import Path
@@ -44,12 +46,14 @@ def plan_for(r):
         if oo:
             offload += ["grads", "optimizer"]
         p.update(offload=offload, zero=z["stage"], optimizer="adamw",
-                 optimizer_impl="cpu" if oo else "fused", framework="deepspeed")
+                 optimizer_impl="cpu" if oo else "fused", framework="deepspeed", grad_clip=True)
         if oo:
+            p["cpu_optimizer"] = "deepspeed-cpuadam"
             p["offload_pinned"] = bool(oo.get("pin_memory", True))
             if oo.get("super_offload"):
                 p["offload_schedule"] = "superoffload"
                 p["offload_ratio"] = float(oo.get("ratio", 1.0))
+                p["cpu_cores_share"] = float(oo.get("cpuadam_cores_perc", 0.8))
             else:
                 p["offload_schedule"] = "overlapped"
         eff = r.get("ds_zero_config_effective") or {}
@@ -58,36 +62,49 @@ def plan_for(r):
                      f"sub_group_size={eff.get('sub_group_size')}, prefetch_bucket_size={eff.get('prefetch_bucket_size')}, "
                      f"param_persistence_threshold={eff.get('param_persistence_threshold')}, gradient_clipping=1.0")
         if oo:
-            notes.append("ghsim cannot express: the CPU optimizer implementation (DeepSpeedCPUAdam, 16 OpenMP threads "
-                         "here) and its thread count")
+            notes.append("CPU optimizer: DeepSpeedCPUAdam on torch's 16 OpenMP threads")
         if oo and oo.get("super_offload"):
             eo = eff.get("offload_optimizer") or {}
             notes.append(f"SuperOffload: ratio={eo.get('ratio')}, cpuadam_cores_perc={eo.get('cpuadam_cores_perc')}: "
                          f"DeepSpeed pinned the training process to {r.get('affinity_after_init')} of 16 cores and "
-                         "ran DeepSpeedCPUAdam in a spawned worker process on the rest; ghsim cannot express the "
-                         "core split or the second process's host memory")
+                         "ran DeepSpeedCPUAdam in a spawned worker process on the rest (cpu_cores_share); ghsim "
+                         "cannot express the second process's host memory")
         if not oo:
             notes.append("optimizer is DeepSpeed FusedAdam on the GPU (ghsim 'fused' is the nearest)")
     elif mode == "fsdp2":
         p.update(offload=["params", "grads", "optimizer"], zero=3, optimizer="adamw", optimizer_impl="cpu",
-                 framework="fsdp-mixed", offload_pinned=True)
+                 framework="fsdp-mixed", offload_pinned=True, cpu_optimizer="torch-forloop", grad_clip=True)
         notes.append("FSDP2 fully_shard per decoder layer + root, MixedPrecisionPolicy(param bf16, reduce fp32), "
                      "CPUOffloadPolicy(pin_memory=True); torch.optim.AdamW() with no foreach/fused flag on CPU "
                      "DTensors = torch's single-tensor for-loop implementation; clip_grad_norm_(1.0); "
-                     f"torch.get_num_threads()={r.get('torch_threads')}; ghsim cannot express the CPU optimizer "
-                     "implementation (for-loop) or FSDP2's fp32 sharded gradients on the host")
+                     f"torch.get_num_threads()={r.get('torch_threads')}; ghsim cannot express FSDP2's fp32 sharded "
+                     "gradients on the host")
     else:
         impl = sp.get("impl")
+        # bf16 working weights on the GPU and fp32 masters with the optimizer: the precision
+        # semantics ghsim calls "deepspeed", run with the plain loop's sync schedule
         p.update(offload=["grads", "optimizer"], zero=0, optimizer="adamw", optimizer_impl="cpu",
-                 framework="torch-amp", offload_schedule="sync", offload_pinned=True)
+                 framework="deepspeed", offload_schedule="sync", offload_pinned=True, cpu_optimizer=f"torch-{impl}")
         notes.append(f"plain loop: bf16 weights on the GPU (no autocast), fp32 master weights pinned on the CPU, "
                      f"torch.optim.AdamW({impl}=True) on CPU with {r.get('torch_threads')} threads; per-tensor "
                      "bf16 grad D2H into fp32 pinned (non_blocking) + sync, grads freed, CPU step, per-tensor fp32 "
-                     "-> bf16 H2D; no overlap. ghsim's torch-amp keeps fp32 params on the GPU, which this loop does "
-                     "not, and it cannot express the CPU AdamW implementation (foreach vs fused)")
+                     "-> bf16 H2D; no overlap (ghsim: deepspeed precision semantics, sync offload schedule)")
     if sp.get("ckpt"):
         notes.append("recompute: HF gradient_checkpointing_enable(use_reentrant=False), one checkpoint per decoder layer")
     return p, notes
+
+
+TRACE = "trace.pt.trace.json.xz"
+
+
+def _copy_trace(r, trace_dir: Path, d: Path) -> bool:
+    """The device's gzip trace, recompressed with xz (a third smaller; ghsim reads both) into the
+    case folder; a trace already there from an earlier run is kept."""
+    t = trace_dir / f"{r['name']}.trace.json.gz"
+    if r.get("trace") and t.exists():
+        with gzip.open(t) as src, lzma.open(d / TRACE, "wb", preset=6) as dst:
+            shutil.copyfileobj(src, dst)
+    return (d / TRACE).exists()
 
 
 def write_case(r, trace_dir: Path):
@@ -97,6 +114,7 @@ def write_case(r, trace_dir: Path):
     d.mkdir(parents=True, exist_ok=True)
     mname, h, i, L, nh, kv, hd = MODEL[sp["model"]]
     plan, notes = plan_for(r)
+    trace = _copy_trace(r, trace_dir, d)
     lines = ["[case]", f"name = {tq(name)}"]
     desc = {"ds": "DeepSpeed ZeRO-{} {}".format(sp.get("ds", {}).get("stage"),
                                                 json.dumps({k: v for k, v in sp.get("ds", {}).items()
@@ -107,8 +125,10 @@ def write_case(r, trace_dir: Path):
     lines += [f"description = {tq(full)}",
               'hardware = "h100-sxm"', 'date = "2026-11-24"', f"gpu = {tq(r.get('gpu', 'NVIDIA H100 80GB HBM3'))}",
               f"software = {tq(SOFT)}", f"method = {tq(METHOD)}"]
-    if r.get("trace"):
-        lines.append('trace = "trace.pt.trace.json.gz"')
+    if trace:
+        lines.append(f'trace = "{TRACE}"')
+    elif r.get("trace"):
+        r["trace_lost"] = True  # recorded on the device, but the call's trace archive exceeded 16 MiB
     lines.append(f"plan_notes = {tq(' | '.join(notes))}")
     if not r.get("ok"):
         lines.append(f"status = {tq('failed: ' + str(r.get('error'))[:400])}")
@@ -133,16 +153,11 @@ def write_case(r, trace_dir: Path):
         lines.append(f"torch_num_threads = {r.get('torch_threads')}")
         lines.append(f"cpu_affinity_cores = {r.get('affinity_after_init')}")
     lines += ["", "[hardware_overrides]",
-              '"cpu.cores" = { value = 16, source = "measured machine: 16 vCPUs (os.cpu_count) in a Firecracker VM, Intel Xeon with AVX-512 and AMX" }', ""]
+              '"cpu.cores" = { value = 16, source = "measured machine: 16 vCPUs (os.cpu_count) in a Firecracker VM, Intel Xeon with AVX-512 and AMX" }',
+              '"cpu.adamw_params_per_s" = { value = 4.675e9, source = "derived from the measured machine\'s host streaming bandwidth: 130.9 GB/s (_raw/microbench_host.json, torch add on 16 threads) / 28 B per fp32 AdamW update" }', ""]
     (d / "case.toml").write_text("\n".join(lines))
     (d / "result.json").write_text(json.dumps(r, indent=1, default=str))
-    t = trace_dir / f"{name}.trace.json.gz"
-    if r.get("trace") and t.exists():
-        shutil.copy(t, d / "trace.pt.trace.json.gz")
-    elif r.get("trace"):
-        with open(d / "case.toml", "a") as f:
-            f.write("# trace was recorded on the device but did not come back (the call's trace archive exceeded 16 MiB)\n")
-        r["trace_lost"] = True
+
     return r
 
 

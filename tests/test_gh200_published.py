@@ -1,0 +1,57 @@
+"""Issue 16 item 1: the published GH200 measurements as `ghsim validate` cases.
+
+validation/published/sailor2025-clariden (Sailor, SOSP'25: OPT-350M on 1-32 quad-GH200 nodes,
+15 plans) and validation/published/steiger2025-eth-gh200 (ETH, DeepSpeed on one quad node, 5 rows).
+The bounds below record today's accuracy so that a change which worsens it is noticed; the issue's
+targets (10 % / 6 %, ETH 15 %) are not met and each folder's README reports every case's error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ghsim.validate.cases import case_hardware, load_case, summary, validate
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
+
+
+@pytest.fixture(scope="module")
+def sailor():
+    return validate(PUBLISHED / "sailor2025-clariden", with_trace=False)
+
+
+@pytest.fixture(scope="module")
+def eth():
+    return validate(PUBLISHED / "steiger2025-eth-gh200", with_trace=False)
+
+
+def test_every_published_gh200_case_is_simulated_on_the_quad_node(sailor, eth):
+    assert len(sailor) == 15 and len(eth) == 5
+    for r in sailor + eth:
+        assert r.status != "skipped", r.reason
+        assert r.case.hardware_name == "gh200-96gb-quad" and r.case.published
+
+
+def test_sailor_accuracy_does_not_regress(sailor):
+    s = summary(sailor)
+    assert s["step_time_rel"]["median"] <= 0.15
+    assert s["peak_memory_rel"]["median"] <= 0.15
+    big_batches = [r for r in sailor if r.case.plan.micro_batch >= 4]
+    assert all(abs(r.errors["step_time_rel"]) <= 0.20 for r in big_batches)
+
+
+def test_eth_memory_stays_close_and_step_time_is_reported(eth):
+    s = summary(eth)
+    assert s["peak_memory_rel"]["median"] <= 0.08
+    assert s["step_time_rel"]["median"] <= 0.50  # today 0.44 (ghsim fast on every row; README)
+
+
+def test_a_published_case_keeps_the_profile_cpu_adam_rate():
+    folder = next((PUBLISHED / "steiger2025-eth-gh200" / "cases").glob("*zerooffload*"))
+    case = load_case(folder, {})
+    profile_rate = 2.78e10  # gh200-96gb-quad [cpu] adamw_params_per_s
+    assert case_hardware(case).cpu.adamw_params_per_s == pytest.approx(profile_rate)
+    lent = case.__class__(**{**case.__dict__, "published": False})
+    assert case_hardware(lent).cpu.adamw_params_per_s < profile_rate  # the lent x86 VM's measured rate

@@ -1,0 +1,85 @@
+"""Write the ETH quad-GH200 DeepSpeed cases (Steiger, Zuidema, Dionysiou 2025) as `ghsim validate` cases.
+
+Sources: the blog's Table 2 and text (https://rahulsteiger.github.io/notes/2025/lsaie-project/; peak
+VRAM per ZeRO stage, and the offload rows' peaks) and the authors' logs and configs in
+github.com/ImaGoodFella/lsaie_project at commit 0202e4161e63ad9c6f8cfd063c1101681dc17c57
+(logs/stage_*_latest.out: "Tokens per second" of all 4 GPUs, averaged here over the logged steps >= 6
+as the blog does; configs/deepspeed/stage_*.json; src/train.py and src/model.py for the model).
+Step time = 4 GPUs x 2048 tokens / tokens per second. ../steiger2025-eth-gh200-deepspeed.toml has the
+published table itself; this folder makes its rows runnable cases.
+
+Run from the repository root: python validation/published/steiger2025-eth-gh200/make_cases.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COMMIT = "0202e4161e63ad9c6f8cfd063c1101681dc17c57"
+TOKENS_PER_STEP = 4 * 2048
+
+# (name, log, zero, offload plan lines, mean tokens/s over steps >= 6 from the log, peak VRAM GB published)
+ROWS = [
+    ("zero1", "stage_1", 1, "", 19737, 58.8),
+    ("zero2", "stage_2", 2, "", 19600, 58.6),
+    ("zero3", "stage_3", 3, "", 14569, 52.6),
+    ("zero3-zerooffload", "stage_zerooffload", 3,
+     'offload = ["optimizer"]\noffload_schedule = "overlapped"\n', 8289, 24.2),
+    ("zero3-superoffload-r0.8", "stage_superoffload", 3,
+     'offload = ["optimizer"]\noffload_schedule = "superoffload"\noffload_ratio = 0.8\n', 11757, 30.5),
+]
+
+MODEL = '''[model]
+name = "eth-llama3-shape-8b"
+source = "ImaGoodFella/lsaie_project src/train.py TransformerModelArgs(dim 4096, n_layers 32, n_heads 32, n_kv_heads 8, ffn_dim_multiplier 1.3, multiple_of 1024 -> FFN 14336, rope_theta 500000) and src/model.py (RMSNorm, SwiGLU, SDPA causal attention, untied output); vocab = the Mistral-Nemo tokenizer's 131072 (log: tokenizer unsloth/Mistral-Nemo-Base-2407-bnb-4bit)"
+hidden_size = 4096
+intermediate_size = 14336
+num_layers = 32
+num_attention_heads = 32
+num_kv_heads = 8
+head_dim = 128
+vocab_size = 131072
+tie_embeddings = false
+max_seq_len = 2048
+'''
+
+
+def case_toml(name: str, log: str, zero: int, offload: str, tokens_per_s: float, peak_gb: float) -> str:
+    return f'''[case]
+name = "eth-gh200x4-8b-{name}-mb1-s2048"
+description = "Steiger et al. 2025 (ETH): Llama-3-8B shape, DeepSpeed bf16 ZeRO-{zero}{' + optimizer offload' if offload else ''}, one quad-GH200 node (CSCS Alps), micro-batch 1, seq 2048"
+hardware = "gh200-96gb-quad"
+published = true
+source = "step: github.com/ImaGoodFella/lsaie_project commit {COMMIT} logs/{log}_latest.out ({tokens_per_s} tokens/s, 4 GPUs, mean over steps >= 6); config: configs/deepspeed/{log}.json; peak: blog https://rahulsteiger.github.io/notes/2025/lsaie-project/ (Table 2 / VRAM text, torch max allocated, one rank)"
+method = "DeepSpeed engine forward/backward/step per step, tokens per second logged every 5 steps; PyTorch 2.6 (NGC 25.01), DeepSpeed 0.18, NCCL 2.25.1, NVLS off; each rank numactl-bound to its own Grace"
+
+{MODEL}
+[plan]
+gpus = 4
+gpus_per_node = 4
+zero = {zero}
+precision = "bf16"
+recompute = "none"
+micro_batch = 1
+global_batch = 4
+seq = 2048
+{offload}optimizer_impl = "fused"
+framework = "deepspeed"
+
+[measured]
+step_time_s = {TOKENS_PER_STEP / tokens_per_s:.6f}
+peak_allocated_bytes = {peak_gb * 1e9:.0f}
+tokens_per_s = {tokens_per_s}
+'''
+
+
+def main() -> None:
+    root = Path(__file__).parent / "cases"
+    for row in ROWS:
+        folder = root / f"eth-gh200x4-8b-{row[0]}-mb1-s2048"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "case.toml").write_text(case_toml(*row))
+
+
+if __name__ == "__main__":
+    main()
