@@ -164,7 +164,7 @@ def plan_from_flags(kw: dict[str, Any]):
         fields, notes = read_ds_config(Path(kw["ds_file"]))
         base.update(fields)
         for note in notes:
-            click.echo(f"note: {note}", err=True)
+            click.echo(f"ghsim: note: {note}", err=True)
     file_keys = set(base)
     from_files = plan_from_dict(base, str(kw.get("plan_file") or kw.get("ds_file") or "plan")) if base else None
     for flag, field_name in FLAG_TO_FIELD.items():
