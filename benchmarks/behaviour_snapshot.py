@@ -76,7 +76,7 @@ def _cli(args: list[str]) -> tuple[int, str]:
     from ghsim.cli import main
 
     result = CliRunner().invoke(main, args, catch_exceptions=False)
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout if result.exit_code == 0 else result.output  # stderr notes are not the answer
 
 
 def _json_or_text(code: int, out: str) -> dict:

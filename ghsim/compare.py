@@ -45,9 +45,11 @@ class Pairwise:
     slower: str
     speedup: float  # slower step time / faster step time
     reason: str
+    fits: bool = True  # the plan fits on both parts
 
     def to_dict(self) -> dict[str, Any]:
-        return {"faster": self.faster, "slower": self.slower, "speedup": self.speedup, "reason": self.reason}
+        return {"faster": self.faster, "slower": self.slower, "speedup": self.speedup, "reason": self.reason,
+                "fits_both": self.fits}
 
 
 def explain(a: StepReport, b: StepReport) -> Pairwise:
@@ -62,11 +64,15 @@ def explain(a: StepReport, b: StepReport) -> Pairwise:
     name_f, name_s = fast.hardware["name"], slow.hardware["name"]
     speedup = slow.step_time_s / fast.step_time_s if fast.step_time_s > 0 else float("inf")
     why = "; ".join(parts) if parts else "the breakdowns are nearly the same"
-    text = f"{name_f} is {speedup:.2f}x faster than {name_s}: {why}"
-    for r in (fast, slow):
-        if not r.fits:
-            text += f" (on {r.hardware['name']} the plan does not fit: {r.fit_problems[0]})"
-    return Pairwise(name_f, name_s, speedup, text)
+    unfit = [r for r in (fast, slow) if not r.fits]
+    if unfit:  # a speedup of a step that cannot run on a part is no answer: say so first
+        where = " or ".join(r.hardware["name"] for r in unfit)
+        text = (f"the plan does not fit on {where} ("
+                + "; ".join(f"{r.hardware['name']}: {r.fit_problems[0]}" for r in unfit)
+                + f"); as simulated, {name_f} would be {speedup:.2f}x faster than {name_s}: {why}")
+    else:
+        text = f"{name_f} is {speedup:.2f}x faster than {name_s}: {why}"
+    return Pairwise(name_f, name_s, speedup, text, fits=not unfit)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class Comparison:
         out: dict[str, Any] = {"results": results, "comparisons": [p.to_dict() for p in self.pairs]}
         if self.best is not None:
             out["best"] = self.best
+            out["best_comparisons"] = [b.to_dict() for b in best_pairs(self.best)]
         return out
 
 
@@ -104,6 +111,21 @@ def compare(model: ModelSpec, hardware: list[Hardware], plan: Plan,
     pairs = [explain(reports[0], r) for r in reports[1:]]
     best = [best_plan(model, hw, plan) for hw in hardware] if best_plan is not None else None
     return Comparison(reports, pairs, best)
+
+
+def best_pairs(best: list[dict[str, Any] | None]) -> list[Pairwise]:
+    """The first part's best plan against each other part's best plan (where both have one)."""
+    first = best[0]
+    out = []
+    for other in best[1:]:
+        if not first or not other:
+            continue
+        fast, slow = (first, other) if first["step_time_s"] <= other["step_time_s"] else (other, first)
+        speedup = slow["step_time_s"] / fast["step_time_s"] if fast["step_time_s"] > 0 else float("inf")
+        out.append(Pairwise(fast["hardware"], slow["hardware"], speedup,
+                            f"{fast['hardware']} is {speedup:.2f}x faster than {slow['hardware']} on their best plans "
+                            f"({fast['step_time_s']:.2f} vs {slow['step_time_s']:.2f} s/step, both fit)"))
+    return out
 
 
 def render(c: Comparison) -> str:
@@ -135,6 +157,9 @@ def render(c: Comparison) -> str:
             if not b:
                 lines.append(f"  {name}: no plan fits")
             else:
-                lines.append(f"  {name}: {b.get('flags', '')}  step {b.get('step_time_s', 0) * 1e3:.1f} ms, "
-                             f"{b.get('tokens_per_s', 0):.0f} tokens/s")
+                judged = (f", {b['n_evaluated']:,} of {b['n_candidates']:,} plans judged"
+                          if "n_candidates" in b else "")
+                lines.append(f"  {name}: fits; step {b['step_time_s'] * 1e3:.1f} ms, {b['tokens_per_s']:.0f} tokens/s, "
+                             f"{b.get('hbm_peak_bytes', 0) / 1e9:.1f} GB HBM{judged}: {b['flags']}")
+        lines += [p.reason for p in best_pairs(c.best)]
     return "\n".join(lines)

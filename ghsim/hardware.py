@@ -341,3 +341,9 @@ def assumed_figures(hw: Hardware) -> list[str]:
 
     walk(hw.raw, "")
     return found
+
+
+def has_fp8(hw: Hardware) -> bool:
+    """FP8 Tensor Cores run at twice the bf16 rate (Hopper); a profile whose fp8 figure is the
+    bf16 one (A100: "not supported in hardware", it falls back to 16-bit) has none."""
+    return hw.peak_flops["fp8"] > hw.peak_flops["bf16"]

@@ -239,7 +239,7 @@ _INT_FIELDS = {
 
 
 def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
-    known = {f.name for f in fields(Plan)} | {"grad_accum", "optimizer"}
+    known = {f.name for f in fields(Plan)} | {"grad_accum", "optimizer", "model", "hardware"}  # a saved plan's target
     unknown = set(d) - known
     if unknown:
         raise GhsimError(f"{where}: unknown plan field(s) {', '.join(sorted(unknown))}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,28 +11,49 @@ from typing import Any
 from ghsim.errors import GhsimError
 
 
+def _refuse_non_finite(token: str) -> float:
+    """TOML's nan/inf and JSON's NaN/Infinity: no ghsim input may be one (a NaN step time
+    would print as a number and make JSON that is not JSON)."""
+    raise ValueError(f"{token} is not a finite number")
+
+
+def _finite_toml_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        _refuse_non_finite(text)
+    return value
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            return tomllib.load(f, parse_float=_finite_toml_float)
     except FileNotFoundError:
         raise GhsimError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as e:
         raise GhsimError(f"{path}: malformed TOML: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise GhsimError(f"{path}: cannot read: {e}") from None
+    except ValueError as e:  # a nan or inf value
+        raise GhsimError(f"{path}: {e}") from None
+    except UnicodeDecodeError:
+        raise GhsimError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise GhsimError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def read_json(path: Path) -> Any:
     try:
         with open(path, "rb") as f:
-            return json.load(f)
+            return json.load(f, parse_constant=_refuse_non_finite)
     except FileNotFoundError:
         raise GhsimError(f"{path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GhsimError(f"{path}: malformed JSON: {e}") from None
+    except ValueError as e:  # NaN or Infinity
+        raise GhsimError(f"{path}: {e}") from None
+    except RecursionError:
+        raise GhsimError(f"{path}: JSON nested too deeply") from None
     except OSError as e:
-        raise GhsimError(f"{path}: cannot read: {e}") from None
+        raise GhsimError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def write_text(path: Path | str, text: str) -> Path:

@@ -63,6 +63,7 @@ def test_best_calls_the_search_per_hardware(cal):
     assert calls == ["gh200-96gb", "h100-pcie"]
     assert [b["hardware"] for b in c.to_dict()["best"]] == calls
     assert "best plan per hardware" in render(c)
+    assert c.to_dict()["best_comparisons"][0]["speedup"] == 1.0  # the two best plans, compared
 
 
 def test_one_profile_is_not_a_comparison(cal):

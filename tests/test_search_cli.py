@@ -73,7 +73,8 @@ def test_plan_files_plot_and_trace(calfile, tmp_path):
     best = json.loads(r.output)["plans"][0]
     plan = load_plan_toml(toml)
     assert plan.to_dict()["global_batch"] == best["plan"]["global_batch"]
-    assert plan.to_dict() == best["plan"]
+    assert plan.to_dict() == {**best["plan"], "gpus_per_node": 1}  # resolved: a gh200-96gb node has 1
+    assert 'hardware = "gh200-96gb"' in toml.read_text() and "model = " in toml.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(trace.read_text())["traceEvents"]
     # the saved plan is a plan ghsim simulate runs as is
@@ -89,7 +90,8 @@ def test_deepspeed_config_is_the_baseline(calfile, tmp_path):
     r = run("plan", "--model", MODEL_PATH, "--seq", "1024", "--deepspeed", str(ds), "--calibration", calfile,
             "--recompute", "full", "--cuda-graphs", "--offload", "none", "--jobs", "1")
     assert r.exit_code == 0, r.output
-    assert r.output.startswith("your plan:")
+    assert r.stdout.startswith("your plan:")
+    assert "override the plan file's values: --offload" in r.stderr  # ds_config offloads, --offload none
 
 
 @pytest.mark.parametrize("args,message", [

@@ -14,7 +14,7 @@ from synthetic_traces import write_kineto, write_nsys_sqlite
 
 CONTRACT_KEYS = {"gpu_busy_fraction", "idle_gaps", "kernel_share_by_category", "top_kernels", "memcpy",
                  "um_migration_share", "step_times_s"}
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+from trace_inputs import NEEDS, find
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,9 @@ def test_json_contract_nsys_nvtx_device(nsys_file):
     assert d["um_migration_share"] > 0
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason=f"shared traces not found at {SHARED}")
+@pytest.mark.skipif(find("hta_a100_ddp_nccl_rank0.pt.trace.json.gz") is None, reason=NEEDS)
 def test_json_contract_real_trace():
-    d = _json(["summarize", str(SHARED / "hta_a100_ddp_nccl_rank0.pt.trace.json.gz"), "--steps", "5-6", "--json"])
+    d = _json(["summarize", str(find("hta_a100_ddp_nccl_rank0.pt.trace.json.gz")), "--steps", "5-6", "--json"])
     _check_contract(d)
     assert d["step_times_s"] == [0.219726905, 0.224936243]
 

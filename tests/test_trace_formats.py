@@ -131,6 +131,28 @@ def test_nsys_odd_cells_are_ghsim_errors(tmp_path):
         load_trace(path)
 
 
+@pytest.mark.parametrize("start,end,match", [
+    (100, 50, "1 rows end before they start"),
+    (100, 2**63 - 1, "outside any plausible time"),
+    (-5, 10, "outside any plausible time"),
+])
+def test_nsys_damaged_spans_are_refused(tmp_path, start, end, match):
+    """A kernel or copy ending before it starts, or at INT64_MAX, is a damaged export: it is
+    named, not clamped to zero or summed into a 292-year step."""
+    for table, columns, row in (
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "start, end, deviceId, streamId, demangledName, shortName", (0, 7, 1, 1)),
+        ("CUPTI_ACTIVITY_KIND_MEMCPY", "start, end, deviceId, streamId, bytes, copyKind", (0, 7, 64, 1)),
+    ):
+        path = tmp_path / f"{table}.sqlite"
+        db = sqlite3.connect(path)
+        db.execute(f"CREATE TABLE {table} ({columns})")
+        db.execute(f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?, ?)", (start, end, *row))
+        db.commit(); db.close()
+        with pytest.raises(GhsimError, match=match) as err:
+            load_trace(path)
+        assert table in str(err.value) and "\n" not in str(err.value)
+
+
 # -- Kineto ---------------------------------------------------------------------------------
 
 
@@ -203,7 +225,9 @@ def test_memcpy_names():
     ('{"traceEvents": [5]}', "not an object"),
     ('{"traceEvents": [{"cat": "kernel", "name": "k", "ts": 1}]}', "malformed kernel event"),
     ('{"traceEvents": [{"cat": "kernel", "name": "k", "ts": 1, "dur": -4}]}', "negative duration"),
-    ('{"traceEvents": [{"cat": "kernel", "name": "k", "ts": "x", "dur": 1}]}', "malformed kernel"),
+    ('{"traceEvents": [{"cat": "kernel", "name": "k", "ts": "x", "dur": 1}]}', "'x' is not a number of microseconds"),
+    ('{"traceEvents": [{"cat": "kernel", "name": "k", "ts": "NaN", "dur": 1}]}', "not a finite number"),
+    ('{"traceEvents": [{"cat": "kernel", "name": "k", "ts": 1}]}', "no 'dur' field"),
     ('{"traceEvents": [{"cat": "kernel", "ts": 1, "dur": 1}], "baseTimeNanoseconds": "x"}', "baseTimeNanoseconds"),
     ('{"traceEvents": [{"cat": "kernel", "ts": 1e300, "dur": 1}]}', "kernel"),
     ('{"traceEvents": [{"cat": "kernel", "ts": 1, "dur": 1}]} trailing', "extra data"),
@@ -329,6 +353,10 @@ def test_stats_csv_decimal_comma_and_units(tmp_path):
     ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n", "no GPU activity"),
     ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,nan,3,1,k\n", "not a finite number"),
     ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,inf,3,1,k\n", "not a finite number"),
+    ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,-20,3,1,k\n", "row 1: negative value"),
+    ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,20,-3,1,k\n", "row 1: negative value"),
+    ("Time (%),Total Time (s),Instances,Avg (ns),Name\n1,1e12,3,1,k\n", "implausible value"),
+    ("Time (%),Total Time (ns),Count,Avg (ns),Operation\n1,-5,3,1,[CUDA memcpy HtoD]\n", "negative value"),
     ("Time (%),Total Time (ns),Instances,Avg (ns),Name\n1,2,3,1,\"" + "k" * 200_000 + "\"\n", "malformed CSV"),
 ])
 def test_stats_csv_errors(tmp_path, text, match):

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from ghsim.errors import GhsimError
 from ghsim.traces import load_trace, summarize
 from ghsim.traces.events import TraceData
+from trace_inputs import trace_path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 REAL = {
     "pipit_saxpy-mpi-cuda_nsys_perlmutter0_a100.sqlite": 12,
     "pipit_perlmutter-cloverleaf-cuda_a100.sqlite": 12,
@@ -30,9 +30,7 @@ _bytes: dict[str, bytes] = {}
 
 
 def real_bytes(name: str) -> bytes:
-    path = SHARED / name
-    if not path.exists():
-        pytest.skip(f"shared trace {name} not found in {SHARED}")
+    path = trace_path(name)
     if name not in _bytes:
         _bytes[name] = path.read_bytes()
     return _bytes[name]

@@ -1,4 +1,4 @@
-"""The importers against real traces written by other people (../shared/traces).
+"""The importers against real traces written by other people (tests/trace_inputs.py finds them).
 
 Every expected number comes from shared/traces/README.md and is asserted exactly.
 """
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ghsim.traces import CATEGORIES, categorize, load_trace, summarize
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+from trace_inputs import trace_path
 
 SAXPY = "pipit_saxpy-mpi-cuda_nsys_perlmutter0_a100.sqlite"
 CLOVER = "pipit_perlmutter-cloverleaf-cuda_a100.sqlite"
@@ -22,10 +21,7 @@ SWITCH = "switchtransformer_a100_inference_profile_memory.pt.trace.json"
 
 
 def _path(name: str) -> Path:
-    path = SHARED / name
-    if not path.exists():
-        pytest.skip(f"shared trace {name} not found in {SHARED} (clone the shared/ folder beside the repo)")
-    return path
+    return trace_path(name)
 
 
 _cache: dict[str, object] = {}

@@ -28,11 +28,26 @@ class GhsimGroup(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
+        argv = kwargs.get("args") if kwargs.get("args") is not None else (args[0] if args else sys.argv[1:])
+        if any("\x00" in str(a) for a in argv or ()):  # no file name or value holds one (open() raises)
+            click.echo("ghsim: error: an argument holds a NUL byte", err=True)
+            sys.exit(2)
         try:
             return super().main(*args, **kwargs)
         except GhsimError as e:
             click.echo(f"ghsim: error: {e}", err=True)
             sys.exit(2)
+        except (OverflowError, MemoryError) as e:
+            # sizes beyond what any float or this machine holds: input no check caught, still one line
+            click.echo(f"ghsim: error: the input's sizes are too large to simulate "
+                       f"({str(e)[:120] or 'out of memory'})", err=True)
+            sys.exit(2)
+        except OSError as e:  # a path the OS refuses (name too long, permission) that no check caught
+            click.echo(f"ghsim: error: {str(e.filename or '')[:120]}: {e.strerror or 'cannot be used'}", err=True)
+            sys.exit(2)
+        except click.exceptions.NoArgsIsHelpError as e:  # bare `ghsim`: the help, not an error
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
         except click.Abort:

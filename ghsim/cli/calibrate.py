@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import click
@@ -27,9 +28,11 @@ def calibrate(microbench: str, reference: str, name: str | None, extras: tuple[s
     data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("meta"), dict):
         raise GhsimError(f"{path}: not a microbenchmark file (no 'meta' table; see docs/formats.md)")
+    ref = load_hardware(reference)
+    check_measured_on(data["meta"], ref, str(path))
     for extra in extras:
         merge(data, read_json(Path(extra)), extra)
-    ref = load_hardware(reference)
+        check_measured_on(data_meta(read_json(Path(extra)), extra), ref, extra)
     data["meta"]["reference_profile"] = reference
     data["meta"]["calibrated_from"] = str(path)
     cal = calibration_from_dict(data, ref, str(path))  # raises on anything malformed
@@ -43,10 +46,33 @@ def calibrate(microbench: str, reference: str, name: str | None, extras: tuple[s
     click.echo(summary(cal))
 
 
+_CHIP = re.compile(r"\b[ABH]\d{3}\b")  # A100, H100, H200, B200: the GPU chip in a product name
+
+
+def data_meta(data: object, where: str) -> dict:
+    if not isinstance(data, dict) or not isinstance(data.get("meta"), dict):
+        raise GhsimError(f"{where}: not a microbenchmark file (no 'meta' table)")
+    return data["meta"]
+
+
+def check_measured_on(meta: dict, ref, where: str) -> None:
+    """Refuse a file measured on another GPU than the reference profile's: its efficiencies would
+    be read against the wrong datasheet peaks. The chip (H100 vs H200) and SM count must agree
+    where the file records them."""
+    measured = str(meta.get("gpu", ""))
+    chips, profile_chips = set(_CHIP.findall(measured)), set(_CHIP.findall(ref.gpu_model))
+    if chips and profile_chips and not chips & profile_chips:
+        raise GhsimError(f"{where}: measured on {measured!r}, not on {ref.name}'s {ref.gpu_model}; "
+                         f"give --reference the profile of the GPU it was measured on")
+    sm = str(meta.get("sm_count", "")).strip()
+    if sm.isdigit() and getattr(ref, "sm_count", None) and int(sm) != ref.sm_count:
+        raise GhsimError(f"{where}: measured on a GPU with {sm} SMs, {ref.name} has {ref.sm_count}; "
+                         f"give --reference the profile of the GPU it was measured on")
+
+
 def merge(data: dict, extra: dict, where: str) -> None:
     """Append an extra file's rows; its tables (framework_overhead, unified_memory) replace earlier ones."""
-    if not isinstance(extra, dict) or not isinstance(extra.get("meta"), dict):
-        raise GhsimError(f"{where}: not a microbenchmark file (no 'meta' table)")
+    data_meta(extra, where)
     for key, value in extra.items():
         if key == "meta":
             data["meta"].setdefault("merged", []).append(where)

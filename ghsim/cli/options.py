@@ -3,12 +3,53 @@ and the Plan they describe."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
+from ghsim.errors import GhsimError
 from ghsim.plan import CpuOptimizer
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is a number: NaN and infinity are refused (they would print as a step time of
+    nan ms and as JSON that is not JSON)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class BoundedInt(click.ParamType):
+    """An integer no larger in size than `limit`: bigger counts describe no cluster or model and
+    would overflow the float arithmetic of the cost model."""
+
+    name = "integer"
+
+    def __init__(self, limit: int = 10**9):
+        self.limit = limit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            number = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not an integer", param, ctx)
+        if abs(number) > self.limit:
+            self.fail(f"{value} is out of range (at most {self.limit:,} in size)", param, ctx)
+        return number
+
+
+FLOAT = FiniteFloat()
+INT = BoundedInt()
 
 
 def plan_options(f: Callable, searched: bool = False) -> Callable:
@@ -16,48 +57,49 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
 
     `searched`: the help of `ghsim plan`, where a flag left out is searched, not defaulted."""
     options = [
-        click.option("--model", "model_name", required=True, help="Catalog name (`ghsim models`), model TOML or HF config.json."),
-        click.option("--gpus", type=int, default=None, help="Total GPUs (default 1)."),
-        click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (default: the hardware's)."),
-        click.option("--seq", type=int, default=None, help="Sequence length (default 4096)."),
-        click.option("--micro-batch", type=int, default=None,
+        click.option("--model", "model_name", default=None,
+                     help="Catalog name (`ghsim models`), model TOML or HF config.json (default: the --plan file's)."),
+        click.option("--gpus", type=INT, default=None, help="Total GPUs (default 1)."),
+        click.option("--gpus-per-node", type=INT, default=None, help="GPUs per node (default: the hardware's)."),
+        click.option("--seq", type=INT, default=None, help="Sequence length (default 4096)."),
+        click.option("--micro-batch", type=INT, default=None,
                      help="Sequences per GPU per micro-batch (default: " + ("searched)." if searched else "1).")),
-        click.option("--global-batch", type=int, default=None, help="Sequences per step (default: " + (
+        click.option("--global-batch", type=INT, default=None, help="Sequences per step (default: " + (
             "4 per GPU, at least 32)." if searched else "one micro-batch per GPU).")),
-        click.option("--zero", type=int, default=None, help="ZeRO stage 0-3."),
+        click.option("--zero", type=INT, default=None, help="ZeRO stage 0-3."),
         click.option("--precision", type=click.Choice(["fp32", "tf32", "bf16", "fp16", "fp8"]), default=None),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default=None),
         click.option("--offload", default=None, help="Comma list of optimizer,grads,params,activations."),
-        click.option("--offload-ratio", type=float, default=None, help="Share of the optimizer step on the CPU."),
+        click.option("--offload-ratio", type=FLOAT, default=None, help="Share of the optimizer step on the CPU."),
         click.option("--offload-schedule", type=click.Choice(["auto", "sync", "overlapped", "superoffload"]),
                      default=None, help="How offloaded state moves (auto: sync for torch, overlapped for deepspeed)."),
         click.option("--offload-pinned/--offload-pageable", "offload_pinned", default=None,
                      help="Offload buffers page-locked (default) or pageable."),
         click.option("--unified-memory", is_flag=True, default=None),
-        click.option("--tp", type=int, default=None),
-        click.option("--pp", type=int, default=None),
-        click.option("--ep", type=int, default=None),
+        click.option("--tp", type=INT, default=None),
+        click.option("--pp", type=INT, default=None),
+        click.option("--ep", type=INT, default=None),
         click.option("--sequence-parallel", is_flag=True, default=None,
                      help="Megatron sequence parallelism with --tp (norms and residuals split over the sequence)."),
-        click.option("--pp-interleave", type=int, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
-        click.option("--lora-rank", type=int, default=None),
+        click.option("--pp-interleave", type=INT, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
+        click.option("--lora-rank", type=INT, default=None),
         click.option("--cuda-graphs", is_flag=True, default=None, help="Replay the step as CUDA graphs (cheap launches)."),
-        click.option("--dataloader-workers", type=int, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
-        click.option("--batch-prep-ms", type=float, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
+        click.option("--dataloader-workers", type=INT, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
+        click.option("--batch-prep-ms", type=FLOAT, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
         click.option("--optimizer-impl", type=click.Choice(["foreach", "fused"]), default=None),
         click.option("--cpu-optimizer", type=click.Choice([c.value for c in CpuOptimizer]), default=None,
                      help="AdamW the host runs for an offloaded optimizer (auto: DeepSpeedCPUAdam under "
                           "deepspeed, else torch.optim.AdamW's CPU default, the for-loop)."),
-        click.option("--cpu-threads", type=int, default=None,
+        click.option("--cpu-threads", type=INT, default=None,
                      help="Threads the CPU optimizer runs on per GPU (default: the cores its launcher gives it; "
                           "torchrun gives torch 1 per rank when several ranks share a node)."),
-        click.option("--cpu-cores-share", type=float, default=None,
+        click.option("--cpu-cores-share", type=FLOAT, default=None,
                      help="SuperOffload's cpuadam_cores_perc: share of a GPU's cores its CPU-Adam worker is "
                           "pinned to (default 0.8); the training process keeps the rest."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
-        click.option("--host-cores", type=int, default=None,
+        click.option("--host-cores", type=INT, default=None,
                      help="CPU cores of the host (node) you have, e.g. 16 for a 16-vCPU VM (default: the profile's)."),
         click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed", "megatron",
                                                        "megatron-legacy"]), default=None,
@@ -66,7 +108,7 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
                           "masters; eager kernels), megatron (the same, with fused kernels: one per norm, "
                           "activation, rotary and loss, flash attention, fused Adam), megatron-legacy (Megatron-LM "
                           "of 2021-22: fused kernels, softmax attention between batched GEMMs)."),
-        click.option("--plan", "plan_file", type=click.Path(), default=None, help="plan.toml (flags override it)."),
+        click.option("--plan", "plan_file", type=click.Path(), default=None, help="plan.toml, e.g. from ghsim plan --save-plan: its model, hardware and plan (flags override it, with a note)."),
         click.option("--deepspeed", "ds_file", type=click.Path(), default=None, help="DeepSpeed ds_config.json."),
     ]
     for opt in reversed(options):
@@ -100,22 +142,55 @@ def load_hardware_for(name: str, kw: dict[str, Any]):
     return load_hardware(name, {"cpu.cores": {"value": cores, "source": "stated by the user (--host-cores)"}})
 
 
-def plan_from_flags(kw: dict[str, Any]):
-    """A Plan from a plan file or ds_config (if given) with the explicit flags on top."""
-    from ghsim.plan import plan_from_dict
+TARGET_KEYS = ("model", "hardware")  # what a saved plan.toml records beside the plan's own fields
+DEFAULT_HARDWARE = "gh200-96gb"
+
+
+def _plan_file(kw: dict[str, Any]) -> dict[str, Any]:
     from ghsim.tomlio import read_toml
 
-    base: dict[str, Any] = {}
-    if kw.get("plan_file"):
-        base.update(read_toml(Path(kw["plan_file"])))
+    return read_toml(Path(kw["plan_file"])) if kw.get("plan_file") else {}
+
+
+def plan_from_flags(kw: dict[str, Any]):
+    """A Plan from a plan file or ds_config (if given) with the explicit flags on top; a flag that
+    changes a value of the plan file overrides it, with a note on stderr."""
+    from ghsim.plan import plan_from_dict
+
+    base = {k: v for k, v in _plan_file(kw).items() if k not in TARGET_KEYS}
     if kw.get("ds_file"):
         from ghsim.deepspeed import read_ds_config
 
         fields, notes = read_ds_config(Path(kw["ds_file"]))
         base.update(fields)
         for note in notes:
-            click.echo(f"note: {note}", err=True)
+            click.echo(f"ghsim: note: {note}", err=True)
+    file_keys = set(base)
+    from_files = plan_from_dict(base, str(kw.get("plan_file") or kw.get("ds_file") or "plan")) if base else None
     for flag, field_name in FLAG_TO_FIELD.items():
         if kw.get(flag) is not None:
             base[field_name] = kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
-    return plan_from_dict(base, "plan")
+    plan = plan_from_dict(base, "plan")
+    if from_files is not None:
+        changed = [f"--{flag.replace('_', '-')}" for flag, name in FLAG_TO_FIELD.items()
+                   if kw.get(flag) is not None and name in file_keys and getattr(plan, name) != getattr(from_files, name)]
+        if changed:
+            click.echo(f"ghsim: note: flags override the plan file's values: {', '.join(changed)}", err=True)
+    return plan
+
+
+def model_and_hardware(kw: dict[str, Any], hardware_flag: str | None) -> tuple[str, str]:
+    """The model and hardware to run: the flags, else what a saved plan file records (ghsim plan
+    --save-plan), else the default part. A --hardware that differs from the plan file's is an
+    override (documented in --plan's help) and noted on stderr."""
+    recorded = _plan_file(kw)
+    for key in TARGET_KEYS:
+        if key in recorded and not (isinstance(recorded[key], str) and recorded[key]):
+            raise GhsimError(f"{kw['plan_file']}: '{key}' must be a name or path")
+    model = kw.get("model_name") or recorded.get("model")
+    if not model:
+        raise GhsimError("--model is required (or a --plan file that names its model)")
+    hardware = hardware_flag or recorded.get("hardware") or DEFAULT_HARDWARE
+    if hardware_flag and recorded.get("hardware") and hardware_flag != recorded["hardware"]:
+        click.echo(f"ghsim: note: --hardware {hardware_flag} overrides the plan file's {recorded['hardware']}", err=True)
+    return model, hardware

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import FLAG_TO_FIELD, load_hardware_for, plan_from_flags, plan_options
+from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
 
@@ -53,10 +53,30 @@ def _calibration(path: str | None):
     from ghsim.tomlio import read_json
 
     d = read_json(Path(path))
-    ref = d.get("meta", {}).get("reference_profile") if isinstance(d, dict) else None
-    if not ref:
+    meta = d.get("meta") if isinstance(d, dict) else None
+    ref = meta.get("reference_profile") if isinstance(meta, dict) else None
+    if not isinstance(ref, str) or not ref:
         raise GhsimError(f"{path}: meta.reference_profile is missing (the profile of the GPU it was measured on)")
     return calibration_from_dict(d, load_hardware(ref), path)
+
+
+def searched_precisions(precisions: str, pins: dict[str, Any], base, hw) -> tuple:
+    """The --precisions list the part can run (no fp8 without FP8 Tensor Cores); a pinned
+    --precision the part cannot run is refused."""
+    from ghsim.cli.checks import check_precision, supported_precisions
+    from ghsim.plan import Precision
+
+    try:
+        precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
+    except ValueError:
+        raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
+                         f"{', '.join(p.value for p in Precision)}") from None
+    if "precision" in pins:
+        check_precision(base.with_(precision=pins["precision"]), hw)
+    precs = supported_precisions(hw, precs)
+    if not precs:
+        raise GhsimError(f"--precisions: {hw.name} runs none of {precisions!r} (it has no FP8 Tensor Cores)")
+    return precs
 
 
 def base_and_pins(kw: dict[str, Any]):
@@ -87,17 +107,21 @@ def base_and_pins(kw: dict[str, Any]):
     check_values(given)
     check_values(explicit)
     base = given.with_(**{f: v for f, v in pins.items() if f in LAYOUT})
+    if pins.get("pp_interleave", 1) > 1 and pins.get("pp", 1) < 2:
+        raise GhsimError("--pp-interleave splits each pipeline stage into model chunks: pin --pp 2 or more with it")
+    if base.gpus % (base.tp * base.pp):
+        raise GhsimError(f"--gpus {base.gpus} is not divisible by tp*pp = {base.tp}*{base.pp}")
     return base, pins, baseline
 
 
 @click.command()
 @functools.partial(plan_options, searched=True)
-@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
+@click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
 @click.option("--objective", default="time", show_default=True,
               help="Rank by: time (step time), cost (dollars per million tokens), memory (HBM headroom).")
-@click.option("--price", type=float, default=None, help="Dollars per GPU-hour (default: the profile's).")
-@click.option("--top", type=int, default=5, show_default=True, help="Plans to list.")
-@click.option("--jobs", type=int, default=None, help="Worker processes (default: every core).")
+@click.option("--price", type=FLOAT, default=None, help="Dollars per GPU-hour (default: the profile's).")
+@click.option("--top", type=INT, default=5, show_default=True, help="Plans to list.")
+@click.option("--jobs", type=INT, default=None, help="Worker processes (default: every core).")
 @click.option("--precisions", default=PRECISIONS_OPTION, show_default=True,
               help="Precisions to search (--precision pins one).")
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
@@ -106,10 +130,10 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Pareto front of step time vs HBM (PNG).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="The best plan's timeline (Chrome trace).")
 @click.option("--save-plan", "save_file", type=click.Path(), default=None, help="Write the best plan as plan.toml.")
-@click.option("--time-limit", type=float, default=7.0, show_default=True,
+@click.option("--time-limit", type=FLOAT, default=7.0, show_default=True,
               help="Seconds of simulating before the rest is reported unexplored (0: simulate every survivor).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when a terminal).")
-def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
+def plan(hardware_name: str | None, objective: str, price: float | None, top: int, jobs: int | None, precisions: str,
          time_limit: float,
          calibration_file: str | None, as_json: bool, plot_file: str | None, trace_file: str | None,
          save_file: str | None, progress: bool | None, **kw: Any) -> None:
@@ -123,7 +147,6 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     """
     from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
-    from ghsim.plan import Precision
     from ghsim.search.core import default_jobs, search
     from ghsim.search.objective import Objective
     from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
@@ -134,16 +157,13 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
         raise GhsimError("--top must be at least 1")
     if price is not None and price <= 0:
         raise GhsimError("--price must be positive")
-    model = load_model(kw["model_name"])
+    model_name, hardware_name = model_and_hardware(kw, hardware_name)
+    model = load_model(model_name)
     cal = _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
-    hw = (node := node_profile_for(load_hardware_for(hardware_name, kw), base.gpus, base.gpus_per_node)).hardware
-    try:
-        precs = tuple(Precision(p.strip()) for p in precisions.split(",") if p.strip())
-    except ValueError:
-        raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
-                         f"{', '.join(p.value for p in Precision)}") from None
-    space = pin(default_space(model, hw, base, precs), pins)
+    asked = load_hardware_for(hardware_name, kw)
+    hw = (node := node_profile_for(asked, base.gpus, base.gpus_per_node)).hardware
+    space = pin(default_space(model, hw, base, searched_precisions(precisions, pins, base, hw)), pins)
     if time_limit < 0:
         raise GhsimError("--time-limit must not be negative")
     result = search(model, hw, base, space, goal, cal, price, top=top, jobs=jobs or default_jobs(),
@@ -164,7 +184,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
 
             note = (f"ghsim plan: best of {result.n_evaluated:,} plans for {model.name} on {base.gpus} x {hw.name} "
                     f"(objective {goal.value}): {best.step_time_s:.2f} s/step, {best.hbm_peak_bytes / 1e9:.1f} GB HBM")
-            write_text(save_file, plan_to_toml(best.plan, note))
+            write_text(save_file, plan_to_toml(best.plan, note, model_name, hw, hardware_name if hw is asked else hw.name))
         if trace_file:
             from ghsim.report.step_report import chrome_trace
             from ghsim.simulate import simulate
@@ -203,37 +223,43 @@ def _csv(value: str, what: str) -> list[str]:
 @click.option("--hardware", "hardware_names", default="gh200-96gb,h100-sxm", show_default=True,
               help="Comma list of hardware profiles.")
 @click.option("--gpus", "gpu_counts", default="1,4,8", show_default=True, help="Comma list of cluster sizes.")
-@click.option("--seq", type=int, default=4096, show_default=True)
-@click.option("--global-batch", type=int, default=0, help="Sequences per step (default: max(32, 4 x gpus)).")
-@click.option("--lora-rank", type=int, default=0)
+@click.option("--seq", type=INT, default=4096, show_default=True)
+@click.option("--global-batch", type=INT, default=0, help="Sequences per step (default: max(32, 4 x gpus)).")
+@click.option("--lora-rank", type=INT, default=0)
 @click.option("--objective", default="time", show_default=True, help="time | cost | memory")
 @click.option("--precisions", default=PRECISIONS_OPTION, show_default=True)
 @click.option("--pin", "pins", default="", help="Plan dimensions fixed in every search, e.g. recompute=full,zero=3.")
 @click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786): run the searches there.")
-@click.option("--jobs", type=int, default=None, help="Local worker processes without --scheduler (default: every core).")
+@click.option("--jobs", type=INT, default=None, help="Local worker processes without --scheduler (default: every core).")
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
               help="Microbenchmark/calibration JSON for every search (default: each profile's set).")
 @click.option("--out", "out_file", type=click.Path(), default=None, help="Write the results (.parquet or .csv).")
+@click.option("--time-limit", type=FLOAT, default=7.0, show_default=True,
+              help="Seconds of simulating per search before the rest is left unexplored (0: none), as in plan.")
 @click.option("--progress/--no-progress", default=None)
 def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_batch: int, lora_rank: int,
           objective: str, precisions: str, pins: str, scheduler: str | None, jobs: int | None,
           calibration_file: str | None,
-          out_file: str | None, progress: bool | None) -> None:
+          out_file: str | None, time_limit: float, progress: bool | None) -> None:
     """Search the best plan for every model x hardware x cluster size (locally or on Dask)."""
     import pandas as pd
 
     from ghsim.search.core import default_jobs
     from ghsim.search.objective import Objective
     from ghsim.search.sweep import sweep as run_sweep
-    from ghsim.search.sweep import pinned_values, tasks_for, write_results
+    from ghsim.search.sweep import check_scheduler_address, failures, pinned_values, tasks_for, write_results
 
     Objective.parse(objective)
+    if scheduler is not None:
+        check_scheduler_address(scheduler)
     try:
         counts = [int(g) for g in _csv(gpu_counts, "--gpus")]
     except ValueError:
         raise GhsimError(f"--gpus: {gpu_counts!r} must be a comma list of integers") from None
-    if any(g < 1 for g in counts):
-        raise GhsimError("--gpus: every cluster size must be at least 1")
+    if any(not 1 <= g <= INT.limit for g in counts):
+        raise GhsimError(f"--gpus: every cluster size must lie in 1..{INT.limit:,}")
+    if time_limit < 0:
+        raise GhsimError("--time-limit must not be negative")
     pinned = []
     for item in (p for p in pins.split(",") if p.strip()):
         key, sep, value = item.partition("=")
@@ -243,7 +269,7 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
     pinned_values(dict(pinned))  # a bad field or value fails here, once
     tasks = tasks_for(_csv(models, "--models"), _csv(hardware_names, "--hardware"), counts, seq=seq,
                       global_batch=global_batch, lora_rank=lora_rank, objective=objective,
-                      precisions=tuple(_csv(precisions, "--precisions")), pins=tuple(pinned))
+                      precisions=tuple(_csv(precisions, "--precisions")), pins=tuple(pinned), time_limit=time_limit)
     df = run_sweep(tasks, _calibration(calibration_file), scheduler, jobs or default_jobs(),
                    ProgressBar(progress, "sweeping"))
     if out_file:
@@ -254,3 +280,8 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
         click.echo(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if out_file:
         click.echo(f"wrote {out_file} ({len(df)} rows)")
+    n_failed, reason = failures(df)
+    if n_failed == len(df):
+        raise GhsimError(f"every sweep row failed ({n_failed} of {len(df)}); the first: {reason}")
+    if n_failed:
+        click.echo(f"ghsim: warning: {n_failed} of {len(df)} sweep rows failed; the first: {reason}", err=True)

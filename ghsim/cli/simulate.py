@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import load_hardware_for, plan_from_flags, plan_options
+from ghsim.cli.checks import check_simulated_plan
+from ghsim.cli.options import load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.tomlio import write_text
 
 
@@ -18,21 +19,23 @@ def _echo_json(obj: Any) -> None:
 
 @click.command()
 @plan_options
-@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True, help="Profile name or TOML path.")
+@click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="Write the timeline as a Chrome trace.")
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw timeline and memory to a PNG.")
-def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
+def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
     """Simulate one training step and report time, memory and utilization."""
     from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
     from ghsim.report.step_report import chrome_trace, render_table
     from ghsim.simulate import simulate as run_simulation
 
-    model = load_model(kw["model_name"])
+    model_name, hardware_name = model_and_hardware(kw, hardware_name)
+    model = load_model(model_name)
     plan = plan_from_flags(kw)
     node = node_profile_for(load_hardware_for(hardware_name, kw), plan.gpus, plan.gpus_per_node)
     hw = node.hardware
+    check_simulated_plan(kw, plan, [hw])
     report = run_simulation(model, hw, plan)
     if node.note:  # which node kind the flags were read as: the report's first note
         report = dataclasses.replace(report, notes=(node.note, *report.notes))
@@ -46,3 +49,12 @@ def simulate(hardware_name: str, as_json: bool, trace_file: str | None, plot_fil
         _echo_json(report.to_dict())
     else:
         click.echo(render_table(report))
+    if not report.fits:
+        click.echo(no_fit_advice(model_name, hardware_name, plan), err=True)
+
+
+def no_fit_advice(model_name: str, hardware_name: str, plan) -> str:
+    """What to do about a plan that does not fit: the search finds the ones that do."""
+    return (f"ghsim: note: this plan does not fit; `ghsim plan --model {model_name} --gpus {plan.gpus} "
+            f"--hardware {hardware_name} --seq {plan.seq}` finds the plans that do (offload, ZeRO, recompute, "
+            f"micro-batch, parallelism) or says what would make one fit")

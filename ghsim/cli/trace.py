@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from ghsim.cli.options import load_hardware_for, plan_from_flags, plan_options
+from ghsim.cli.checks import check_simulated_plan
+from ghsim.cli.options import FLOAT, INT, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
@@ -23,7 +24,7 @@ def trace() -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--steps", metavar="A-B", help="Only ProfilerStep#A..#B: a range like 3-5, one step, or 'all' (first to last step).")
 @click.option("--nvtx", metavar="NAME", help="Only the NVTX / annotation ranges with this name (glob allowed).")
-@click.option("--device", type=int, metavar="N", help="GPU to report (default: the busiest).")
+@click.option("--device", type=INT, metavar="N", help="GPU to report (default: the busiest).")
 @click.option("--top", type=click.IntRange(0, 1000), default=10, show_default=True, help="How many top kernels.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | None, top: int,
@@ -43,20 +44,22 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
 
 @trace.command("command")
 @plan_options
-@click.option("--hardware", "hardware_name", default="gh200-96gb", show_default=True)
+@click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
 @click.option("--steps", required=True, metavar="A-B", help="Steps to capture, 0-based (e.g. 10-12).")
-@click.option("--startup-s", type=float, default=60.0, show_default=True,
+@click.option("--startup-s", type=FLOAT, default=60.0, show_default=True,
               help="Seconds from launch to the first step (model build, data, compile).")
 @click.option("--output", default="ghsim_capture", show_default=True, help="Report name.")
 @click.option("--program", default="python train.py", show_default=True, help="The training command.")
-def trace_command(hardware_name: str, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
+def trace_command(hardware_name: str | None, steps: str, startup_s: float, output: str, program: str, **kw: Any) -> None:
     """Print the nsys command and PyTorch profiler schedule that capture steps A-B."""
     from ghsim.model import load_model
     from ghsim.simulate import simulate as run_simulation
     from ghsim.traces.capture import capture_window, nsys_command, nsys_range_command, torch_profiler_snippet
 
-    report = run_simulation(load_model(kw["model_name"]), load_hardware_for(hardware_name, kw), plan_from_flags(kw),
-                            keep_timeline=False)
+    model_name, hardware_name = model_and_hardware(kw, hardware_name)
+    hw, plan = load_hardware_for(hardware_name, kw), plan_from_flags(kw)
+    check_simulated_plan(kw, plan, [hw])
+    report = run_simulation(load_model(model_name), hw, plan, keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)
     click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
                f"about {startup_s + w.first_step * report.step_time_s:.1f} s after launch")

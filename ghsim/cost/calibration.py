@@ -207,7 +207,8 @@ def calibration_from_dict(d: dict[str, Any], reference: "Hardware", where: str) 
             source=where,
         )
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise GhsimError(f"{where}: malformed calibration ({type(e).__name__}: {e})") from None
+        raise GhsimError(f"{where}: malformed calibration ("
+                         f"{f'no {e.args[0]!r} entry' if isinstance(e, KeyError) else str(e)[:200]})") from None
 
 
 @lru_cache(maxsize=16)

@@ -166,8 +166,8 @@ def render_table(r: StepReport) -> str:
         f"tokens/s         {r.tokens_per_s:10.0f}",
         f"MFU              {r.mfu * 100:10.1f} %",
         f"GPU utilization  {r.gpu_utilization * 100:10.1f} %   (kernel-busy share of the step)",
-        f"HBM peak         {r.hbm.peak_bytes / GiB:10.2f} GiB of {r.hbm_capacity / GiB:.1f} GiB per GPU",
-        f"host peak        {r.host.peak_bytes / GiB:10.2f} GiB of {r.host_capacity / GiB:.0f} GiB per node",
+        f"HBM peak         {r.hbm.peak_bytes / 1e9:10.2f} GB of {r.hbm_capacity / 1e9:.1f} GB per GPU",
+        f"host peak        {r.host.peak_bytes / 1e9:10.2f} GB of {r.host_capacity / 1e9:.0f} GB per node",
         f"fits             {'yes' if r.fits else 'NO: ' + '; '.join(r.fit_problems)}",
         "",
         "where the step goes                 ms      share",
@@ -175,13 +175,13 @@ def render_table(r: StepReport) -> str:
     for k, v in sorted(r.time_breakdown_s.items(), key=lambda kv: -kv[1]):
         if v > 0:
             lines.append(f"  {k:<28}{v * 1e3:10.2f} {v / r.step_time_s * 100:9.1f} %")
-    lines += ["", "HBM at the peak                     GiB"]
+    lines += ["", "HBM at the peak                      GB"]
     for k, v in sorted(r.hbm.breakdown.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {k:<28}{v / GiB:10.2f}")
+        lines.append(f"  {k:<28}{v / 1e9:10.2f}")
     if r.host.breakdown:
-        lines += ["", "host memory at its peak (node)      GiB"]
+        lines += ["", "host memory at its peak (node)       GB"]
         for k, v in sorted(r.host.breakdown.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {k:<28}{v / GiB:10.2f}")
+            lines.append(f"  {k:<28}{v / 1e9:10.2f}")
     for name, section in r.extra.items():  # one line per added section that summarizes itself
         if isinstance(section, dict) and section.get("summary"):
             lines.append(f"{name}: {section['summary']}")
@@ -217,7 +217,7 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
                        "ts": s, "dur": e - s, "args": {"microbatch": mb}})
     if r.hbm.curve is not None:
         for i in range(0, len(tl.ops), max(1, len(tl.ops) // 2000)):
-            events.append({"ph": "C", "name": "HBM allocated (GiB)", "pid": 1, "ts": tl.schedule.issue[i] * 1e6,
-                           "args": {"GiB": float(r.hbm.curve[i]) / GiB}})
+            events.append({"ph": "C", "name": "HBM allocated (GB)", "pid": 1, "ts": tl.schedule.issue[i] * 1e6,
+                           "args": {"GB": float(r.hbm.curve[i]) / 1e9}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"generator": "ghsim", "step_time_s": r.step_time_s}}

@@ -35,6 +35,7 @@ class SweepTask:
     framework: str = DEFAULT_FRAMEWORK.value
     price: float | None = None
     pins: tuple[tuple[str, Any], ...] = ()  # plan dimensions fixed for every search: (field, value)
+    time_limit: float = 0.0  # seconds of simulating per search (0: none), as `ghsim plan --time-limit`
 
 
 def tasks_for(models: Sequence[str], hardware: Sequence[str], gpus: Sequence[int], **common: Any) -> list[SweepTask]:
@@ -43,7 +44,7 @@ def tasks_for(models: Sequence[str], hardware: Sequence[str], gpus: Sequence[int
 
 def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
     """One search; a plan that cannot be searched (bad name, nothing fits) is a row too."""
-    from ghsim.hardware import load_hardware
+    from ghsim.hardware import has_fp8, load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Framework, Plan, Precision, check_values
     from ghsim.search.core import search
@@ -60,10 +61,12 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
                     global_batch=task.global_batch or default_global_batch(task.gpus),
                     framework=Framework(task.framework), optimizer_impl=DEFAULT_OPTIMIZER)
         check_values(base)
-        space = default_space(model, hw, base, tuple(Precision(p) for p in task.precisions))
+        precisions = tuple(p for p in map(Precision, task.precisions) if p != Precision.FP8 or has_fp8(hw))
+        space = default_space(model, hw, base, precisions)
         if task.pins:
             space = pin(space, pinned_values(dict(task.pins)))
-        r = search(model, hw, base, space, Objective.parse(task.objective), calibration, task.price, jobs=1)
+        r = search(model, hw, base, space, Objective.parse(task.objective), calibration, task.price, jobs=1,
+                   time_limit=task.time_limit)
         row.update(model=model.name, n_evaluated=r.n_evaluated, n_feasible=r.n_feasible)
         if r.best is None:
             row.update(status="no plan fits")
@@ -109,9 +112,10 @@ def _on_dask(tasks: list[SweepTask], calibration: Any, address: str, progress) -
         from distributed import Client, as_completed
     except ImportError:
         raise GhsimError("--scheduler needs Dask: pip install 'ghsim[dask]'") from None
+    check_scheduler_address(address)
     try:
         client = Client(address, timeout=10)
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, ValueError) as e:
         raise GhsimError(f"cannot reach the Dask scheduler at {address}: {e}") from None
     try:
         cal = client.scatter(calibration, broadcast=True) if calibration is not None else None
@@ -125,6 +129,25 @@ def _on_dask(tasks: list[SweepTask], calibration: Any, address: str, progress) -
         return rows
     finally:
         client.close()
+
+
+def check_scheduler_address(address: str) -> None:
+    """A Dask scheduler address is [protocol://]host:port; anything else is refused before Dask
+    is imported (Dask's own error is a ValueError from deep inside its address parser)."""
+    protocol, sep, location = address.partition("://")
+    if sep:  # tcp://, tls://, inproc://...: Dask parses the rest (its ValueError is caught at connect)
+        if protocol.isalnum() and location:
+            return
+        raise GhsimError(f"--scheduler: {address!r} is not a Dask scheduler address (tcp://host:port)")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise GhsimError(f"--scheduler: {address!r} is not a Dask scheduler address (tcp://host:port)")
+
+
+def failures(df) -> tuple[int, str]:
+    """How many rows failed (an error, not "no plan fits") and the first failure's reason."""
+    failed = df[df["status"] == "error"]
+    return len(failed), (str(failed["error"].iloc[0]) if len(failed) else "")
 
 
 def pinned_values(pins: dict[str, Any]) -> dict[str, Any]:

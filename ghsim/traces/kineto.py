@@ -19,7 +19,7 @@ import gzip
 import lzma
 import re
 from array import array
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,7 +55,13 @@ def us_to_ns(value) -> int:
         if dot and len(frac) <= 3 and frac.isdigit() and whole.lstrip("-").isdigit():
             ns = abs(int(whole)) * 1000 + int(frac.ljust(3, "0"))
             return -ns if whole.startswith("-") else ns
-        return int(round(Decimal(value) * 1000))  # exponents, >3 decimals; NaN/Inf raise
+        try:
+            ns = Decimal(value) * 1000  # exponents, >3 decimals
+        except InvalidOperation:
+            raise ValueError(f"{value!r:.40} is not a number of microseconds") from None
+        if not ns.is_finite():
+            raise ValueError(f"{value!r:.40} is not a finite number of microseconds")
+        return int(round(ns))
     if kind is float:
         return int(round(value * 1000))
     raise TypeError(f"expected a number of microseconds, got {value!r}")
@@ -207,7 +213,7 @@ def load_kineto(path: str | Path) -> ev.TraceData:
             except (KeyError, TypeError, ValueError, ArithmeticError, AttributeError) as e:
                 what_event = value.get("cat", value.get("name", "event"))
                 raise GhsimError(f"{path}: malformed {what_event!s:.40} event before byte {stream.offset}: "
-                                 f"{type(e).__name__}: {e!s:.200}") from None
+                                 f"{_reason(e)}") from None
     if not saw_array:
         if "traceEvents" in header:
             if header["traceEvents"] != []:
@@ -215,6 +221,16 @@ def load_kineto(path: str | Path) -> ev.TraceData:
         else:
             raise GhsimError(f"{path}: no traceEvents array (not a PyTorch profiler / Chrome trace)")
     return _assemble(path, col, header)
+
+
+def _reason(error: Exception) -> str:
+    """What is wrong with an event, without Python's internals: a missing field is named as
+    such; a wrong type or value says what it got."""
+    if isinstance(error, KeyError):
+        return f"no {error.args[0]!r} field"
+    if isinstance(error, (TypeError, AttributeError)):
+        return f"a field has the wrong type ({str(error)[:160]})"
+    return f"{str(error)[:200]}"
 
 
 def _saw_events(col: _Collector) -> bool:

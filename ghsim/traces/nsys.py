@@ -116,6 +116,25 @@ class _Db:
         return {int(i): str(n) for i, n in self.rows(f"SELECT id, name FROM [{table}]") if i is not None and n is not None}
 
 
+_TIME_LIMIT_NS = 1 << 62  # beyond year 2116 from the epoch: a damaged cell (INT64_MAX), not a time
+
+
+def _durations(db: _Db, table: str, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """end - start of every row; a row ending before it starts or outside any plausible time is a
+    damaged export, refused with what is wrong rather than summarized as if sound."""
+    bad = (start < 0) | (start >= _TIME_LIMIT_NS) | (end >= _TIME_LIMIT_NS)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise GhsimError(f"{db.path}: {table}: {int(bad.sum())} rows have a start or end outside any plausible "
+                         f"time (first: start {int(start[i])}, end {int(end[i])} ns)")
+    backwards = end < start
+    if backwards.any():
+        i = int(np.argmax(backwards))
+        raise GhsimError(f"{db.path}: {table}: {int(backwards.sum())} rows end before they start "
+                         f"(first: start {int(start[i])}, end {int(end[i])} ns)")
+    return end - start
+
+
 def _or(column: str | None, fallback: int) -> str:
     """SQL for a column with NULLs (or a missing column) replaced by a constant."""
     return f"COALESCE({column}, {fallback})" if column else str(fallback)
@@ -141,7 +160,7 @@ def _read_kernels(db: _Db, table: str) -> pd.DataFrame:
         _or(db.pick(table, "streamId", "stream"), 0), _or(name_col, 0), _or(short_col, 0)])
     codes, names = _interned(db, name_ids)
     short_codes, short_names = _interned(db, short_ids)
-    df = ev.make_kernels(codes, start, np.maximum(end - start, 0), device, stream, name_categories=names)
+    df = ev.make_kernels(codes, start, _durations(db, table, start, end), device, stream, name_categories=names)
     df["short_name"] = pd.Categorical.from_codes(short_codes, categories=pd.Index(short_names, dtype=object))
     return df
 
@@ -180,7 +199,7 @@ def _read_memcpys(db: _Db) -> pd.DataFrame:
     host = np.where(np.isin(kind, ("HtoD", "UM_HtoD")), src, np.where(np.isin(kind, ("DtoH", "UM_DtoH")), dst, -1))
     memory = pd.Series(host).map(_mem_kind_map(db)).fillna("unknown").to_numpy(dtype=object)
     memory[np.isin(kind, ("DtoD", "PtoP"))] = "device"
-    return ev.make_memcpys(kind, nbytes, start, np.maximum(end - start, 0), device, stream, memory)
+    return ev.make_memcpys(kind, nbytes, start, _durations(db, table, start, end), device, stream, memory)
 
 
 def _read_memsets(db: _Db) -> pd.DataFrame:
@@ -190,7 +209,7 @@ def _read_memsets(db: _Db) -> pd.DataFrame:
     start, end, device, stream, nbytes = db.int_columns(table, [
         "start", "COALESCE(end, start)", _or(db.pick(table, "deviceId", "device"), 0),
         _or(db.pick(table, "streamId", "stream"), 0), "COALESCE(bytes, 0)"])
-    return ev.make_memsets(nbytes, start, np.maximum(end - start, 0), device, stream)
+    return ev.make_memsets(nbytes, start, _durations(db, table, start, end), device, stream)
 
 
 def _read_um_faults(db: _Db, um_rows: Callable[[], tuple[np.ndarray, ...]]) -> pd.DataFrame:

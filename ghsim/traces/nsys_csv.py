@@ -92,6 +92,20 @@ def _number(text: str, where: str) -> float:
     return v
 
 
+_CELL_LIMIT = 1e18  # ns, bytes or counts: beyond it a cell is damaged (int64 holds 9.2e18)
+
+
+def _non_negative(text: str, where: str, row: int, scale: float = 1) -> float:
+    """A time, size or count in its unit (times `scale`): a negative or absurd one is a damaged
+    export, not a number to add."""
+    v = _number(text, where)
+    if v < 0:
+        raise GhsimError(f"{where}: row {row}: negative value {text.strip()!r:.40} (a time, size or count)")
+    if v * scale > _CELL_LIMIT:
+        raise GhsimError(f"{where}: row {row}: implausible value {text.strip()!r:.40}")
+    return v * scale
+
+
 def _kind(operation: str) -> str:
     op = operation.strip().strip('"').lower()
     if "memset" in op:
@@ -170,8 +184,8 @@ def _read_kernels(table: _Table, where: str, out: dict[str, list[int]]) -> None:
         if len(row) <= max(name_i, time_i, inst_i):
             raise GhsimError(f"{where}: row {n} has {len(row)} columns, header has {len(table.header)}")
         entry = out.setdefault(row[name_i], [0, 0])
-        entry[0] += int(round(_number(row[time_i], where) * scale))
-        entry[1] += int(_number(row[inst_i], where))
+        entry[0] += int(round(_non_negative(row[time_i], where, n, scale)))
+        entry[1] += int(_non_negative(row[inst_i], where, n))
 
 
 def _read_memops(table: _Table, where: str, what: str, out: dict[str, list[float]]) -> None:
@@ -189,9 +203,9 @@ def _read_memops(table: _Table, where: str, what: str, out: dict[str, list[float
         if len(row) <= max(op_i, val_i):
             raise GhsimError(f"{where}: row {n} has {len(row)} columns, header has {len(table.header)}")
         entry = out.setdefault(_kind(row[op_i]), [0.0, 0.0, 0.0, 0.0])
-        entry[slot] += _number(row[val_i], where) * scale
+        entry[slot] += _non_negative(row[val_i], where, n, scale)
         if count is not None and len(row) > count[0]:
-            entry[2 if what == "mem_time" else 3] += _number(row[count[0]], where)
+            entry[2 if what == "mem_time" else 3] += _non_negative(row[count[0]], where, n)
 
 
 def _assemble(path: Path, kern_rows, mem, seen) -> ev.TraceData:
