@@ -24,7 +24,7 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 GHSIM = [sys.executable, "-m", "ghsim.cli"]
-FIRST_COMMAND = ["simulate", "--model", "llama-2-7b", "--hardware", "gh200-96gb", "--precision", "bf16",
+FIRST_COMMAND = ["simulate", "--model", "llama-2-7b", "--hardware", "gh200-96gb", "--framework", "deepspeed", "--precision", "bf16",
                  "--recompute", "full", "--micro-batch", "1", "--seq", "4096", "--offload", "optimizer"]
 TIMINGS = re.compile(r"in \d+(?:\.\d+)? s\b")
 

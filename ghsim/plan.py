@@ -86,6 +86,11 @@ class CpuOptimizer(str, Enum):
 
 
 OFFLOAD_TARGETS = ("optimizer", "grads", "params", "activations")
+# the projections a LoRA adapter can sit on, by peft's names for Llama-style models
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# peft's default for Llama-family models (peft/utils/constants.py,
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"])
+PEFT_DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
 OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
 
 
@@ -108,6 +113,7 @@ class Plan:
     sequence_parallel: bool = False  # Megatron sequence parallelism (with tp > 1)
     pp_interleave: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
     lora_rank: int = 0
+    lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -189,6 +195,8 @@ class Plan:
             parts.append(f"--pp-interleave {self.pp_interleave}")
         if self.lora_rank:
             parts.append(f"--lora-rank {self.lora_rank}")
+            if self.lora_targets != LORA_TARGETS:
+                parts.append(f"--lora-targets {','.join(self.lora_targets)}")
         if self.offload_ratio != 1.0:
             parts.append(f"--offload-ratio {self.offload_ratio:g}")
         if self.offload_schedule != OffloadSchedule.AUTO:
@@ -232,6 +240,25 @@ def parse_offload(value: Any) -> frozenset[str]:
     return targets
 
 
+def parse_lora_targets(value: Any) -> tuple[str, ...]:
+    """'all', 'peft' (peft's Llama default: q_proj, v_proj), or a comma list of projections by
+    peft's names or short ones (q, k, v, o, gate, up, down); in LORA_TARGETS order."""
+    if value in ("all", None):
+        return LORA_TARGETS
+    if value == "peft":
+        return PEFT_DEFAULT_LORA_TARGETS
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if items is None:
+        raise GhsimError(f"lora targets must be 'all', 'peft' or a list of projections, got {value!r}")
+    given = [str(i).strip() for i in items if str(i).strip()]
+    names = {g if g.endswith("_proj") else f"{g}_proj" for g in given}
+    unknown = [g for g in given if (g if g.endswith("_proj") else f"{g}_proj") not in LORA_TARGETS]
+    if unknown or not names:
+        raise GhsimError(f"unknown LoRA target(s) {', '.join(unknown) or '(none)'} (choose from "
+                         f"{', '.join(LORA_TARGETS)}, 'all' or 'peft')")
+    return tuple(t for t in LORA_TARGETS if t in names)
+
+
 _INT_FIELDS = {
     "gpus", "gpus_per_node", "seq", "micro_batch", "global_batch", "zero",
     "tp", "pp", "ep", "lora_rank", "dataloader_workers", "pp_interleave", "cpu_threads",
@@ -257,6 +284,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = _enum(Framework, value, f"{where}: framework")
         elif key == "offload":
             kw[key] = parse_offload(value)
+        elif key == "lora_targets":
+            kw[key] = parse_lora_targets(value)
         elif key == "offload_schedule":
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
         elif key == "cpu_optimizer":

@@ -83,6 +83,9 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
                      help="Megatron sequence parallelism with --tp (norms and residuals split over the sequence)."),
         click.option("--pp-interleave", type=INT, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
         click.option("--lora-rank", type=INT, default=None),
+        click.option("--lora-targets", default=None,
+                     help="Projections with LoRA adapters: all (default), peft (peft's Llama default: q_proj,v_proj) "
+                          "or a comma list of q,k,v,o,gate,up,down."),
         click.option("--cuda-graphs", is_flag=True, default=None, help="Replay the step as CUDA graphs (cheap launches)."),
         click.option("--dataloader-workers", type=INT, default=None, help="Data-loader worker processes (0: the trainer prepares batches itself)."),
         click.option("--batch-prep-ms", type=FLOAT, default=None, help="Host CPU time to prepare one micro-batch (default 0: data already on the GPU)."),
@@ -121,7 +124,7 @@ FLAG_TO_FIELD = {
     "global_batch": "global_batch", "zero": "zero", "precision": "precision", "recompute": "recompute",
     "offload": "offload", "offload_ratio": "offload_ratio", "offload_schedule": "offload_schedule",
     "offload_pinned": "offload_pinned", "unified_memory": "unified_memory", "tp": "tp",
-    "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "cuda_graphs": "cuda_graphs",
+    "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "lora_targets": "lora_targets", "cuda_graphs": "cuda_graphs",
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",

@@ -16,7 +16,6 @@ from ghsim.graph.offload import (
     cpu_bytes,
     gpu_cast,
 )
-from ghsim.plan import OffloadSchedule
 
 _PROBE = 1e9  # parameters: per-parameter costs at a size where latency does not matter
 

@@ -33,6 +33,19 @@ class LayerSplit:
     ep: int = 1
 
 
+# the fused and MoE projections, by the peft projections they stand for (an adapter sits on the
+# fused weight when any of its parts is targeted, as NeMo's on linear_qkv)
+_LORA_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "fc1": ("gate_proj", "up_proj"),
+               "expert_gate": ("gate_proj",), "expert_up": ("up_proj",), "expert_down": ("down_proj",),
+               "shared_gate": ("gate_proj",), "shared_up": ("up_proj",), "shared_down": ("down_proj",),
+               "shared_fc1": ("gate_proj", "up_proj")}
+
+
+def lora_targeted(plan: Plan, projection: str) -> bool:
+    """Whether the plan's LoRA puts an adapter on `projection` (the other projections are frozen)."""
+    return any(t in plan.lora_targets for t in _LORA_PARTS.get(projection, (projection,)))
+
+
 @dataclass(frozen=True)
 class Projection:
     name: str
@@ -214,7 +227,8 @@ class LayerOps:
     def projection_fwd(self, p: Projection, inp: str, inp_bytes_per_el: int, out: str) -> list[str]:
         """Forward of one projection; returns the names it keeps for its backward."""
         dt, T = self.dt, self._proj_tokens(p)
-        lora = self.plan.lora_rank
+        frozen = self.plan.lora_rank > 0  # LoRA: every base weight is frozen, in 16 bits
+        lora = self.plan.lora_rank if frozen and lora_targeted(self.plan, p.name) else 0
         keep: list[str] = []
         out_bytes = T * p.n_out * dt.act
         if self.plan.precision == Precision.FP8:
@@ -231,7 +245,7 @@ class LayerOps:
             self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.x16": T * p.n_in * 2})
             keep.append(f"{p.name}.x16")
-        if dt.autocast_casts and not lora:
+        if dt.autocast_casts and not frozen:
             w = p.n_in * p.n_out * p.experts
             self.mem(f"{p.name}.cast_w", "cast_fp32_to_bf16", w * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.w16": w * 2})
@@ -250,7 +264,8 @@ class LayerOps:
         """dgrad into `grad_in`, weight (or adapter) gradients, then frees what the forward kept
         (and `grad_out`, unless another projection reads it too: a shared expert's)."""
         dt, T = self.dt, self._proj_tokens(p)
-        lora = self.plan.lora_rank
+        frozen = self.plan.lora_rank > 0
+        lora = self.plan.lora_rank if frozen and lora_targeted(self.plan, p.name) else 0
         gin = T * p.n_in * dt.act
         if self.plan.precision == Precision.FP8:
             g = T * p.n_out
@@ -269,6 +284,8 @@ class LayerOps:
             adapter = lora * (p.n_in + p.n_out)
             self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, Category.ELEMENTWISE,
                      creates={f"grad.{p.name}": adapter * 4})
+        elif frozen:
+            pass  # a frozen projection without an adapter: its input gradient only
         else:
             w = p.n_in * p.n_out * p.experts
             if self.plan.precision == Precision.FP8:  # fp8 wgrad writes the fp32 gradient directly

@@ -38,8 +38,14 @@ def param_counts(model: ModelSpec, plan: Plan) -> ParamCounts:
         m, r = model, plan.lora_rank
         h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
         f = m.intermediate_size if m.moe is None else m.moe.expert_intermediate_size
-        per_layer = r * ((h + q) + 2 * (h + kv) + (q + h)) + r * m.mlp_matrices * (h + f)
-        return ParamCounts(model.total_params, m.num_layers * per_layer, m.num_layers * 2 * (4 + m.mlp_matrices))
+        # (n_in + n_out) of each projection an adapter can sit on
+        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+                 "gate_proj": h + f, "up_proj": h + f, "down_proj": f + h}
+        if m.mlp_matrices == 2:  # an ungated MLP's one input projection is built as gate_proj
+            del sizes["up_proj"]
+        targets = [t for t in plan.lora_targets if t in sizes]
+        per_layer = r * sum(sizes[t] for t in targets)
+        return ParamCounts(model.total_params, m.num_layers * per_layer, m.num_layers * 2 * len(targets))
     per_layer_tensors = 4 + model.mlp_matrices + 2
     if plan.framework.fused_kernels:  # fused QKV and fc1 weights; LayerNorm has weight and bias
         per_layer_tensors = 4 + 2 * (2 if model.norm == "layernorm" else 1)

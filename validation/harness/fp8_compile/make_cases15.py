@@ -72,6 +72,8 @@ def plan_for(sp, r):
     p = {"gpus": 1, "gpus_per_node": 1, "precision": "fp8" if sp["fp8"] != "none" else "bf16", "recompute": "none",
          "micro_batch": sp["mb"], "seq": sp["seq"], "grad_accum": 1, "lora_rank": 16 if sp["lora"] else 0,
          "offload": [], "zero": 0, "optimizer": "adamw", "optimizer_impl": "foreach", "framework": "torch-amp"}
+    if sp["lora"]:
+        p["lora_targets"] = list(sp["lora"])  # peft's target_modules, as run
     if sp["compile"] == "reduce-overhead":
         p["cuda_graphs"] = True
     notes = []
