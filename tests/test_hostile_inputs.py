@@ -39,14 +39,16 @@ NUMBERS = ["nan", "NaN", "inf", "-inf", "1e400", "-1e400", "-1", "0", "-0", "1e-
            "0x10", "1_000", " 7", "1e9", "2147483648", "-2147483649", str(10**30), str(-10**30), "true",
            "[1]", "1,2", "4096", "1", "2", "8"]
 INT_FLAGS = ["--gpus", "--gpus-per-node", "--seq", "--micro-batch", "--global-batch", "--zero", "--tp", "--pp",
-             "--ep", "--pp-interleave", "--lora-rank", "--dataloader-workers"]
-FLOAT_FLAGS = ["--offload-ratio", "--batch-prep-ms"]
+             "--ep", "--pp-interleave", "--lora-rank", "--dataloader-workers", "--cpu-threads", "--host-cores"]
+FLOAT_FLAGS = ["--offload-ratio", "--batch-prep-ms", "--cpu-cores-share"]
 CHOICE_FLAGS = {"--precision": ["fp32", "tf32", "bf16", "fp16", "fp8"], "--recompute": ["none", "selective", "full"],
                 "--offload": ["optimizer", "grads,optimizer", "params,optimizer", "activations", "none", "bogus,,"],
                 "--offload-schedule": ["auto", "sync", "overlapped", "superoffload"],
                 "--framework": ["torch-amp", "fsdp-mixed", "deepspeed", "megatron", "megatron-legacy"],
-                "--optimizer-impl": ["foreach", "fused"]}
-SWITCHES = ["--unified-memory", "--cuda-graphs", "--sequence-parallel", "--offload-pageable"]
+                "--optimizer-impl": ["foreach", "fused"],
+                "--cpu-optimizer": ["auto", "deepspeed-cpuadam", "torch-fused", "torch-foreach", "torch-forloop", "x"],
+                "--lora-targets": ["all", "peft", "q,v", "q,k,v,o", "qkv", ",", "gate,down"]}
+SWITCHES = ["--unified-memory", "--cuda-graphs", "--sequence-parallel", "--offload-pageable", "--grad-clip"]
 HARDWARE = ["gh200-96gb", "h100-sxm", "h100-pcie", "h200-sxm", "a100-sxm-80gb", "gh200-96gb-quad", "nope"]
 JUNK = ["", "\x00", "é", "-", "--", "a" * 300, "../../etc/passwd", "{}", "[]", "1e400"]
 

@@ -330,3 +330,11 @@ def test_zero3_optimizer_offload_returns_parameters_through_pageable_memory(cal)
     assert ups and all(not op.pinned and op.host_waits for op in ups)
     z3 = run(cal, offload=OPT, framework="deepspeed", zero=3).step_time_s
     assert z3 > run(cal, offload=OPT, framework="deepspeed", zero=2).step_time_s
+
+
+@pytest.mark.parametrize("framework", ["fsdp-mixed", "deepspeed"])
+def test_clipping_with_nothing_on_the_host_is_no_host_pass(cal, framework):
+    """offload_ratio 0 leaves every gradient on the GPU: clipping adds no host pass (it used to
+    index an empty list)."""
+    r = run(cal, offload=OPT, framework=framework, offload_ratio=0.0, grad_clip=True, zero=3)
+    assert not any(op.name.startswith("grads.") and op.resource == "cpu" for op in r.timeline.ops)

@@ -246,12 +246,13 @@ def _host_clip(rw, arrivals, setup, new, last_mb: int, alike: dict[tuple, Op]):
     norm comes from the GPU)."""
     steps = ([("grads.norm.cpu", 4, True)] if setup.cpu_impl != CpuOptimizer.DEEPSPEED else []) + \
         [("grads.clip.cpu", 8, False)]
-    prev = [a for a, _, _ in arrivals]
+    deps, last = [a for a, _, _ in arrivals], None
     for name, width, single in steps:
         for _, params, src in arrivals:
             op = _shared(alike, (name, params), lambda: cpu_bytes(name, params * width, OPT, True, single))
-            prev = [rw.append(new(op, prev, src.layer, last_mb))]
-    return prev[0] if len(steps) else None
+            last = rw.append(new(op, deps, src.layer, last_mb))
+            deps = [last]
+    return last  # None when no gradient comes to the host
 
 
 def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op]) -> None:
