@@ -161,6 +161,7 @@ class Plan:
         d["framework"] = self.framework.value
         d["offload_schedule"] = self.offload_schedule.value
         d["cpu_optimizer"] = self.cpu_optimizer.value
+        d["lora_targets"] = list(self.lora_targets)
         d["offload"] = sorted(self.offload)
         d["global_batch"] = self.resolved_global_batch
         d["grad_accum"] = self.grad_accum
