@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
-from ghsim.cost.library_overheads import zero3_hook_seconds
+from ghsim.cost.library_overheads import sdpa_fallback_rate, zero3_hook_seconds
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
 from ghsim.graph.flops import gemm_flops
 from ghsim.graph.offload.ops import SINGLE_THREAD
@@ -134,6 +134,8 @@ class CostModel:
         tables = self.cal.attention_bwd if backward else self.cal.attention_fwd
         dtype = "fp32" if dtype in ("fp32", "tf32") and "fp32" in tables else "bf16"
         eff = tables[dtype].query(attention_features(seq, batch * heads, head_dim, kv_heads != heads))
+        if head_dim % SDPA_HEAD_DIM_MULTIPLE:  # no cuDNN kernel: PyTorch falls back to FlashAttention-2
+            eff *= sdpa_fallback_rate()
         peak = self.hw.peak_flops["fp32" if dtype == "fp32" else "bf16"]
         return max(flops / (eff * peak), self.cal.min_kernel_s)
 
@@ -193,6 +195,10 @@ class CostModel:
         if price is None:
             raise ValueError(f"no cost for op kind {op.kind!r} ({op.name})")
         return price(self, op)
+
+
+# cuDNN's and the memory-efficient SDPA kernels take head dimensions that are multiples of 8
+SDPA_HEAD_DIM_MULTIPLE = 8
 
 
 def _gemm(cm: CostModel, op: Op) -> float:

@@ -11,6 +11,13 @@ TABLE = repo_root() / "hardware_profiles" / "calibration" / "library_overheads.t
 
 
 @lru_cache(maxsize=1)
+def sdpa_fallback_rate() -> float:
+    """PyTorch SDPA's rate at a head dimension its cuDNN kernels do not take, relative to theirs."""
+    t = read_toml(TABLE).get("pytorch_sdpa", {})
+    return sourced(t, "fallback_rate", f"{TABLE} [pytorch_sdpa]")
+
+
+@lru_cache(maxsize=1)
 def zero3_hook_seconds() -> tuple[float, float]:
     """DeepSpeed ZeRO-3's host seconds per module with parameters: (forward, backward)."""
     t = read_toml(TABLE).get("deepspeed_zero3", {})
