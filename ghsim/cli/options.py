@@ -99,6 +99,9 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--cpu-cores-share", type=FLOAT, default=None,
                      help="SuperOffload's cpuadam_cores_perc: share of a GPU's cores its CPU-Adam worker is "
                           "pinned to (default 0.8); the training process keeps the rest."),
+        click.option("--fused-norm", is_flag=True, default=None,
+                     help="Eager frameworks: RMSNorm as torch.nn.RMSNorm runs it (one fused kernel each way, "
+                          "saving the input and 1/rms) instead of Hugging Face's LlamaRMSNorm."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
@@ -128,7 +131,7 @@ FLAG_TO_FIELD = {
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
-    "grad_clip": "grad_clip",
+    "grad_clip": "grad_clip", "fused_norm": "fused_norm",
 }
 
 

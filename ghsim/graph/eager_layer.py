@@ -43,8 +43,7 @@ class EagerLayer(LayerOps):
 
         # input RMSNorm (fp32 math): keeps rstd and the normalised tensor (and x, the input)
         Tn = self.Tn
-        self.mem("input_norm", dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS, Category.NORM_REDUCTION,
-                 creates={"n1.normed": Tn * h * 4, "n1.rstd": Tn * 4, "n1.out": Tn * h * rs}, transient=Tn * h * 4)
+        self._eager_norm_fwd("input_norm", "n1", Tn)
         gathered = self.tp_gather("n1.all_gather", T * h * rs, "n1.g")
         for p, out in zip(self.attn_in, ("q", "k", "v")):
             kept[p.name] = self.projection_fwd(p, gathered or "n1.out", rs, out)
@@ -72,9 +71,7 @@ class EagerLayer(LayerOps):
         self.mem("attn_residual", "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE,
                  creates={"h1": Tn * h * rs}, frees=[attn_out])
         # post-attention RMSNorm and the MLP
-        self.mem("post_attn_norm", dtyped("rmsnorm_fwd", rs), Tn * h * 2 * rs, RMSNORM_FWD_KERNELS,
-                 Category.NORM_REDUCTION,
-                 creates={"n2.normed": Tn * h * 4, "n2.rstd": Tn * 4, "n2.out": Tn * h * rs}, transient=Tn * h * 4)
+        self._eager_norm_fwd("post_attn_norm", "n2", Tn)
         gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
         self.moe_dispatch_fwd()
         mlp_outs = ("gate", "up")[: len(self.mlp_in)]
@@ -204,15 +201,32 @@ class EagerLayer(LayerOps):
         self.mem(f"{into}.sum", "add", (len(parts) + 1) * T * h * width, len(parts) - 1, Category.ELEMENTWISE,
                  creates={into: T * h * width}, frees=parts + live_extra)
 
+    def _eager_norm_fwd(self, name: str, prefix: str, tokens: int) -> None:
+        """HF's LlamaRMSNorm: six eager kernels in fp32 math, keeping the normalised fp32 tensor and
+        1/rms for backward. torch.nn.RMSNorm (plan.fused_norm): one kernel reading the input and
+        writing the output and 1/rms, keeping only 1/rms (the input is kept anyway)."""
+        h, rs = self.m.hidden_size, self.dt.residual
+        if self.plan.fused_norm:
+            self.fused_op(name, tokens * h * 2 * rs + tokens * 4, 1, Category.NORM_REDUCTION,
+                          creates={f"{prefix}.rstd": tokens * 4, f"{prefix}.out": tokens * h * rs})
+            return
+        self.mem(name, dtyped("rmsnorm_fwd", rs), tokens * h * 2 * rs, RMSNORM_FWD_KERNELS, Category.NORM_REDUCTION,
+                 creates={f"{prefix}.normed": tokens * h * 4, f"{prefix}.rstd": tokens * 4,
+                          f"{prefix}.out": tokens * h * rs}, transient=tokens * h * 4)
+
     def _norm_bwd(self, name: str, prefix: str, grad: str, norm_input: str) -> None:
         """RMSNorm backward, then the residual sum: g += grad through the norm."""
-        T, h = self.Tn, self.m.hidden_size
-        g = 4 if self.dt.autocast_casts else self.dt.residual
+        T, h, rs = self.Tn, self.m.hidden_size, self.dt.residual
+        g = 4 if self.dt.autocast_casts else rs
         saved = [n for n in (f"{prefix}.normed", f"{prefix}.rstd", norm_input) if n in self.t.live]
         weight_grad = {} if self.plan.lora_rank else {f"grad.{name}": h * self.dt.grad}
-        self.mem(f"{name}.bwd", dtyped("rmsnorm_bwd", self.dt.residual), 3 * T * h * self.dt.residual,
-                 RMSNORM_BWD_KERNELS, Category.NORM_REDUCTION,
-                 creates={f"{grad}.x": T * h * g, **weight_grad}, frees=[grad] + saved, transient=T * h * 4)
+        if self.plan.fused_norm:  # one kernel: gradient, saved input and 1/rms read once, input gradient written
+            self.fused_op(f"{name}.bwd", T * h * (g + 2 * rs) + T * 4, 2, Category.NORM_REDUCTION,
+                          creates={f"{grad}.x": T * h * g, **weight_grad}, frees=[grad] + saved)
+        else:
+            self.mem(f"{name}.bwd", dtyped("rmsnorm_bwd", rs), 3 * T * h * rs,
+                     RMSNORM_BWD_KERNELS, Category.NORM_REDUCTION,
+                     creates={f"{grad}.x": T * h * g, **weight_grad}, frees=[grad] + saved, transient=T * h * 4)
         self.mem(f"{name}.residual_sum", "add", 3 * T * h * g, 1, Category.ELEMENTWISE,
                  creates={"g.new": T * h * g}, frees=["g", f"{grad}.x"])
         self.t.live["g"] = self.t.live.pop("g.new")

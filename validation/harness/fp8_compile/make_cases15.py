@@ -96,9 +96,9 @@ def plan_for(sp, r):
     if sp["lora"]:
         notes.append(f"peft {r.get('peft')} LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="
                      f"{sp['lora']}): {r.get('n_trainable')} trainable params, adapters {r.get('adapter_dtypes')} "
-                     "(peft autocast_adapter_dtype), frozen base bf16, autocast bf16; ghsim puts adapters on all "
-                     "seven projections")
+                     "(peft autocast_adapter_dtype), frozen base bf16, autocast bf16 (lora_targets as run)")
     if sp["norm"] == "torch":
+        p["fused_norm"] = True
         notes.append(f"all {r.get('norms_swapped')} LlamaRMSNorm replaced by torch.nn.RMSNorm (same eps and weight)")
     return p, notes
 
