@@ -50,8 +50,8 @@ class EagerLayer(LayerOps):
         if gathered:  # not saved: backward gathers it again
             self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n1.normed", "n1.rstd"])
-        if dt.autocast_casts or self.plan.precision == Precision.FP8:
-            self.ops[-1] = self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept
+        if dt.autocast_casts or self.plan.precision == Precision.FP8 or not self.input_needed(self.attn_in):
+            self.ops[-1] = self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept, or nothing reads it
         else:
             self.release(["n1.out"])
         # rotary: rotated copies replace q and k
@@ -80,7 +80,7 @@ class EagerLayer(LayerOps):
         if gathered:
             self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n2.normed", "n2.rstd", "h1"])
-        if dt.autocast_casts or self.plan.precision == Precision.FP8:
+        if dt.autocast_casts or self.plan.precision == Precision.FP8 or not self.input_needed(self.mlp_in):
             self.ops[-1] = self.t.free(self.ops[-1], ["n2.out"])
         else:
             self.release(["n2.out"])
@@ -89,7 +89,9 @@ class EagerLayer(LayerOps):
         self.mem("swiglu" if len(self.mlp_in) == 2 else "gelu", "silu_mul", ff * (len(self.mlp_in) + 1),
                  SWIGLU_FWD_KERNELS, Category.ELEMENTWISE, creates={"act": ff, "prod": ff})
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
-        self.release(list(mlp_outs) + ["act", "prod"])
+        if not self.input_needed([self.down]):  # only down's weight (or adapter) gradient reads it
+            self.ops[-1] = self.t.free(self.ops[-1], ["prod"])
+        self.release(list(mlp_outs) + ["act"] + (["prod"] if "prod" in self.t.live else []))
         self.moe_combine_fwd()
         self._shared_experts_fwd(kept)
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)

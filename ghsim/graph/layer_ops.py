@@ -221,6 +221,11 @@ class LayerOps:
         self.ops[-1] = self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
 
     # --- projections -----------------------------------------------------------------
+    def input_needed(self, projections: list[Projection]) -> bool:
+        """Whether backward reads these projections' input: for a weight gradient, or a LoRA
+        adapter's; a frozen projection without an adapter needs only its weight."""
+        return not self.plan.lora_rank or any(lora_targeted(self.plan, p.name) for p in projections)
+
     def _proj_tokens(self, p: Projection) -> int:
         return self.mlp_tokens if p.experts > 1 else self.T
 
@@ -240,8 +245,11 @@ class LayerOps:
                 keep.append(f"{p.name}.{what}8")
             self.gemm(p.name, T, p.n_out, p.n_in, "fp8", creates={out: out_bytes})
             return keep
+        # a frozen projection without an adapter needs only its weight for the input gradient:
+        # autograd saves no input for it
+        needs_input = not frozen or bool(lora)
         if dt.autocast_casts and inp_bytes_per_el == 4:
-            # autocast casts the fp32 input once per projection; each copy is saved
+            # autocast casts the fp32 input once per projection; each copy is saved (if needed)
             self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.x16": T * p.n_in * 2})
             keep.append(f"{p.name}.x16")
@@ -251,6 +259,9 @@ class LayerOps:
                      creates={f"{p.name}.w16": w * 2})
             keep.append(f"{p.name}.w16")
         self.gemm(p.name, T, p.n_out, p.n_in, dt.gemm, creates={out: out_bytes})
+        if not needs_input and f"{p.name}.x16" in keep:
+            keep.remove(f"{p.name}.x16")
+            self.ops[-1] = self.t.free(self.ops[-1], [f"{p.name}.x16"])
         if lora:
             self.gemm(f"{p.name}.lora_a", T, lora, p.n_in, dt.gemm, creates={f"{p.name}.xa": T * lora * dt.act})
             self.gemm(f"{p.name}.lora_b", T, p.n_out, lora, dt.gemm, transient=out_bytes)
