@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -124,9 +127,10 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Precision
-    from ghsim.search.core import default_jobs, search
+    from ghsim.search.core import search, usable_jobs
     from ghsim.search.objective import Objective
-    from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
+    from ghsim.search.explain import baseline_line, cut_short, no_fit_advice, render_table, reproduce_flags, to_json
+    from ghsim.search.screen import Status
     from ghsim.search.space import default_space, pin
 
     goal = Objective.parse(objective)
@@ -144,10 +148,16 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
         raise GhsimError(f"--precisions: each of {precisions!r} must be one of "
                          f"{', '.join(p.value for p in Precision)}") from None
     space = pin(default_space(model, hw, base, precs), pins)
-    if time_limit < 0:
-        raise GhsimError("--time-limit must not be negative")
-    result = search(model, hw, base, space, goal, cal, price, top=top, jobs=jobs or default_jobs(),
-                    progress=ProgressBar(progress), time_limit=time_limit)
+    if not time_limit >= 0 or time_limit == float("inf"):
+        raise GhsimError(f"--time-limit must be a finite number of seconds >= 0 (got {time_limit})")
+    n_jobs, note = usable_jobs(jobs)
+    if note:
+        click.echo(f"ghsim: note: {note}", err=True)
+    with stop_on_sigterm():
+        result = search(model, hw, base, space, goal, cal, price, top=top, jobs=n_jobs,
+                        progress=ProgressBar(progress), time_limit=time_limit)
+    if not result.ranked and result.count(Status.UNEXPLORED):
+        raise GhsimError(f"no plan found: {cut_short(result)}")
     base_eval = None
     if baseline is not None:
         from ghsim.search.core import memo_calibration
@@ -187,6 +197,25 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
                          + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:
         click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM stops the search and its worker processes (the search's own cleanup runs), not
+    the process alone: one line on stderr and the shell's exit status for it (143)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        click.echo("ghsim: stopped by SIGTERM", err=True)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _csv(value: str, what: str) -> list[str]:

@@ -74,7 +74,7 @@ class _BestFirst:
         while self.pending:
             top = self.top
             bar = self.best[top - 1] * (1 + SCREEN_TOLERANCE) if len(self.best) >= top else math.inf
-            if time.perf_counter() > deadline and self.best:  # (never before a first plan fits)
+            if time.perf_counter() > deadline:
                 self._leave_unexplored()
                 break
             batch = self._next_batch(bar)
