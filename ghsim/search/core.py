@@ -15,6 +15,7 @@ lookups (memo_calibration); it lives as long as one search, in its workers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -131,7 +132,12 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
     n_candidates = sum(g.size for g in all_groups)
     tick = _Ticker(progress, n_candidates)
 
-    pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick, deadline)
+    if time_limit > 0:
+        # pruning may take at most this share of the limit, every layout in turn, so that
+        # a large space leaves screening time and a sample of every layout
+        all_groups = _by_layout_in_turn(all_groups)
+    pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick, t0 + PRUNE_SHARE * time_limit
+                                                    if time_limit > 0 else math.inf)
     survivors, rejected = _valid(model, hw, survivors, tick)
     pruned_plans += rejected
     with _Runner(model, hw, cal, jobs) as runner:
@@ -161,6 +167,17 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
     tick.done()
     return SearchResult(model, hw, base, objective, price, tuple(feasible), tuple(pruned_plans + final),
                         tuple(pruned_groups), n_candidates, time.perf_counter() - t0, n_full)
+
+
+PRUNE_SHARE = 0.5  # of a time limit, for memory pruning at most
+
+
+def _by_layout_in_turn(all_groups: list[Group]) -> list[Group]:
+    """The groups, one of each layout (tp, pp, ep) in turn."""
+    by_layout: dict[tuple[int, int, int], list[Group]] = {}
+    for g in all_groups:
+        by_layout.setdefault((g.base.tp, g.base.pp, g.base.ep), []).append(g)
+    return [g for turn in itertools.zip_longest(*by_layout.values()) for g in turn if g is not None]
 
 
 def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker", deadline: float = math.inf):
