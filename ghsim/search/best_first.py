@@ -57,7 +57,9 @@ class _BestFirst:
             self.unit, self.scale, self.what = "s", 1.0, "GPU compute"
         self.index = {p: j for j, (p, _) in enumerate(survivors)}
         self.tables: dict[tuple, dict] = {}  # neighbours' lookup, built on first use
-        self.cls = [compute_class(p) for p, _ in survivors] if self.unit == "s" else []
+        classes: dict[Plan, Plan] = {}  # one object per class: survivors are many, classes few
+        self.cls = [classes.setdefault(c, c) for c in (compute_class(p) for p, _ in survivors)] \
+            if self.unit == "s" else []
         self.members: dict[Plan, int] = {}
         for c in self.cls:
             self.members[c] = self.members.get(c, 0) + 1

@@ -101,12 +101,14 @@ def neighbours(plan: Plan, index: dict[Plan, int], tables: dict[tuple, dict]) ->
     for move in MOVES:
         rest, values = _getters(move)
         if move not in tables:
-            table: dict[tuple, dict[tuple, int]] = {}
+            # keyed by the hash of the other fields (an int, not a tuple per plan: a large search
+            # has 10^5 survivors); a collision could only add a neighbour to explore, never a verdict
+            table: dict[int, dict[tuple, int]] = {}
             for p, j in index.items():
-                table.setdefault(rest(p), {})[values(p)] = j
+                table.setdefault(hash(rest(p)), {})[values(p)] = j
             tables[move] = table
         mine = values(plan)
-        out += [j for v, j in tables[move].get(rest(plan), {}).items() if v != mine]
+        out += [j for v, j in tables[move].get(hash(rest(plan)), {}).items() if v != mine]
     return out
 
 
