@@ -119,3 +119,16 @@ def test_sigterm_stops_plan_and_its_workers():
     while time.time() < end and any(_alive(w) for w in workers):
         time.sleep(0.1)
     assert not any(_alive(w) for w in workers)
+
+
+def test_time_limited_pruning_takes_every_layout_in_turn():
+    from ghsim.search.core import _by_layout_in_turn
+
+    model = load_model("llama-70b")
+    space = default_space(model, H100, BASE8)
+    all_groups = list(groups(space, BASE8))
+    turned = _by_layout_in_turn(all_groups)
+    assert sorted(map(id, turned)) == sorted(map(id, all_groups))  # the same groups, each once
+    layouts = {(g.base.tp, g.base.pp, g.base.ep) for g in all_groups}
+    first = {(g.base.tp, g.base.pp, g.base.ep) for g in turned[:len(layouts)]}
+    assert first == layouts and len(layouts) > 3
