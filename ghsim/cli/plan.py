@@ -127,10 +127,8 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     from ghsim.hardware import load_hardware
     from ghsim.model import load_model
     from ghsim.plan import Precision
-    from ghsim.search.core import search, usable_jobs
     from ghsim.search.objective import Objective
-    from ghsim.search.explain import baseline_line, cut_short, no_fit_advice, render_table, reproduce_flags, to_json
-    from ghsim.search.screen import Status
+    from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
     from ghsim.search.space import default_space, pin
 
     goal = Objective.parse(objective)
@@ -150,14 +148,7 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
     space = pin(default_space(model, hw, base, precs), pins)
     if not time_limit >= 0 or time_limit == float("inf"):
         raise GhsimError(f"--time-limit must be a finite number of seconds >= 0 (got {time_limit})")
-    n_jobs, note = usable_jobs(jobs)
-    if note:
-        click.echo(f"ghsim: note: {note}", err=True)
-    with stop_on_sigterm():
-        result = search(model, hw, base, space, goal, cal, price, top=top, jobs=n_jobs,
-                        progress=ProgressBar(progress), time_limit=time_limit)
-    if not result.ranked and result.count(Status.UNEXPLORED):
-        raise GhsimError(f"no plan found: {cut_short(result)}")
+    result = _search(model, hw, base, space, goal, cal, price, top, jobs, progress, time_limit)
     base_eval = None
     if baseline is not None:
         from ghsim.search.core import memo_calibration
@@ -197,6 +188,25 @@ def plan(hardware_name: str, objective: str, price: float | None, top: int, jobs
                          + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:
         click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
+
+
+def _search(model, hw, base, space, goal, cal, price, top: int, jobs: int | None, progress: bool | None,
+            time_limit: float):
+    """The search on at most one worker per core, stopped by SIGTERM; nothing found before
+    the time limit is a one-line error."""
+    from ghsim.search.core import search, usable_jobs
+    from ghsim.search.explain import cut_short
+    from ghsim.search.screen import Status
+
+    n_jobs, note = usable_jobs(jobs)
+    if note:
+        click.echo(f"ghsim: note: {note}", err=True)
+    with stop_on_sigterm():
+        result = search(model, hw, base, space, goal, cal, price, top=top, jobs=n_jobs,
+                        progress=ProgressBar(progress), time_limit=time_limit)
+    if not result.ranked and result.count(Status.UNEXPLORED):
+        raise GhsimError(f"no plan found: {cut_short(result)}")
+    return result
 
 
 @contextlib.contextmanager

@@ -386,7 +386,9 @@ class _Runner:
             # than wait for their chunks; ProcessPoolExecutor has no public way to name them
             for proc in list((self.pool._processes or {}).values()):
                 proc.terminate()
-        self.pool.shutdown(wait=exc_type is None, cancel_futures=True)
+        # (waiting is quick once they are gone: the pool's manager thread sees them die; not
+        # waiting races its wake-up pipe against interpreter exit)
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self.pool is None:
