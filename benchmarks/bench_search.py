@@ -1,6 +1,12 @@
 """Speed of the plan search, reported as ratios measured in one run.
 
     python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick] [--time-limit 7]
+    python benchmarks/bench_search.py --against /tmp/base [--cases 8,1024] [--time-limit 0]
+
+--against: the issue-18 cases (exhaustive llama-70b on 8 x h100-sxm, llama-3-70b and
+llama-3.1-405b on 1,024 x h100-sxm), each searched in a fresh process of this tree and of
+another checkout (e.g. `git worktree add /tmp/base main`), alternating, on every core:
+wall seconds, peak RSS, plans and the best step time of each, and this tree's speedup.
 
 For each case (llama-70b on 4 x gh200-96gb, the issue's headline; llama-3.1-405b on
 1,024 x h100-sxm) it prints the candidates judged, the wall time against its budget
@@ -36,14 +42,68 @@ def base_plan(gpus: int) -> Plan:
                 optimizer_impl=DEFAULT_OPTIMIZER)
 
 
+AGAINST_CASES = (("llama-70b", "h100-sxm", 8), ("llama-3-70b", "h100-sxm", 1024), ("llama-3.1-405b", "h100-sxm", 1024))
+
+# run inside the child process: the tree under test is first on sys.path
+_CHILD = r"""
+import json, resource, sys, time
+from ghsim.hardware import load_hardware
+from ghsim.model import load_model
+from ghsim.plan import Plan
+from ghsim.search.core import default_jobs, search
+from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, default_global_batch, default_space
+name, hw_name, gpus, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+model, hw = load_model(name), load_hardware(hw_name)
+base = Plan(gpus=gpus, global_batch=default_global_batch(gpus), framework=DEFAULT_FRAMEWORK,
+            optimizer_impl=DEFAULT_OPTIMIZER)
+t = time.perf_counter()
+r = search(model, hw, base, default_space(model, hw, base), jobs=default_jobs(), time_limit=limit)
+wall = time.perf_counter() - t
+rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(json.dumps({"wall_s": wall, "rss_mb": rss / 1024, "plans": r.n_candidates,
+                  "best_s": r.best.step_time_s if r.best else None}))
+"""
+
+
+def against(reference: str, cases: list[tuple[str, str, int]], time_limit: float) -> None:
+    """Each case in a fresh process of this tree and of `reference`, alternating (see the module doc)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parents[1])
+    print(f"{'case':<34}{'tree':>6}{'plans':>9}{'wall s':>9}{'RSS MB':>8}{'best s/step':>12}{'speedup':>9}")
+    for i, (name, hw_name, gpus) in enumerate(cases):
+        got = {}
+        trees = [("this", here), ("ref", reference)]
+        for label, tree in trees if i % 2 == 0 else trees[::-1]:
+            done = subprocess.run([sys.executable, "-c", _CHILD, name, hw_name, str(gpus), str(time_limit)],
+                                  env={**os.environ, "PYTHONPATH": tree}, cwd=tree, capture_output=True, text=True,
+                                  check=True)
+            got[label] = json.loads(done.stdout.strip().splitlines()[-1])
+        for label in ("ref", "this"):
+            g = got[label]
+            speedup = got["ref"]["wall_s"] / g["wall_s"]
+            print(f"{name + ' x' + str(gpus) + ' ' + hw_name:<34}{label:>6}{g['plans']:>9,}{g['wall_s']:>9.1f}"
+                  f"{g['rss_mb']:>8.0f}{g['best_s'] or float('nan'):>12.3f}{speedup:>9.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--against", default=None, help="another checkout of ghsim to compare with (see above)")
+    ap.add_argument("--cases", default="8,1024,1024-405b", help="with --against: which of its cases")
     add_calibration_option(ap)
     ap.add_argument("--jobs", default="1,2", help="worker counts to compare")
     ap.add_argument("--quick", action="store_true", help="the 4-GPU case only")
     ap.add_argument("--time-limit", type=float, default=0.0,
                     help="the search's time limit (ghsim plan's default is 7 s; 0: simulate every survivor)")
     args = ap.parse_args()
+    if args.against:
+        keys = {"8": 0, "1024": 1, "1024-405b": 2}
+        against(args.against, [AGAINST_CASES[keys[c]] for c in args.cases.split(",")], args.time_limit)
+        return
     synthetic = chosen_calibration(args.calibration)
     jobs = [int(j) for j in args.jobs.split(",")]
 

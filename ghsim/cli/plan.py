@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -147,7 +150,6 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
     """
     from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
-    from ghsim.search.core import default_jobs, search
     from ghsim.search.objective import Objective
     from ghsim.search.explain import baseline_line, no_fit_advice, render_table, reproduce_flags, to_json
     from ghsim.search.space import default_space, pin
@@ -164,10 +166,9 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
     asked = load_hardware_for(hardware_name, kw)
     hw = (node := node_profile_for(asked, base.gpus, base.gpus_per_node)).hardware
     space = pin(default_space(model, hw, base, searched_precisions(precisions, pins, base, hw)), pins)
-    if time_limit < 0:
-        raise GhsimError("--time-limit must not be negative")
-    result = search(model, hw, base, space, goal, cal, price, top=top, jobs=jobs or default_jobs(),
-                    progress=ProgressBar(progress), time_limit=time_limit)
+    if not time_limit >= 0 or time_limit == float("inf"):
+        raise GhsimError(f"--time-limit must be a finite number of seconds >= 0 (got {time_limit})")
+    result = _search(model, hw, base, space, goal, cal, price, top, jobs, progress, time_limit)
     base_eval = None
     if baseline is not None:
         from ghsim.search.core import memo_calibration
@@ -209,6 +210,44 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
         raise GhsimError(advice[0].rstrip(".") + (f"; try {fixes[0]}" if fixes else ""))
     if save_file and not as_json:
         click.echo(f"wrote {save_file} ({reproduce_flags(result.ranked[0].plan)})")
+
+
+def _search(model, hw, base, space, goal, cal, price, top: int, jobs: int | None, progress: bool | None,
+            time_limit: float):
+    """The search on at most one worker per core, stopped by SIGTERM; nothing found before
+    the time limit is a one-line error."""
+    from ghsim.search.core import search, usable_jobs
+    from ghsim.search.explain import cut_short
+    from ghsim.search.screen import Status
+
+    n_jobs, note = usable_jobs(jobs)
+    if note:
+        click.echo(f"ghsim: note: {note}", err=True)
+    with stop_on_sigterm():
+        result = search(model, hw, base, space, goal, cal, price, top=top, jobs=n_jobs,
+                        progress=ProgressBar(progress), time_limit=time_limit)
+    if not result.ranked and result.count(Status.UNEXPLORED):
+        raise GhsimError(f"no plan found: {cut_short(result)}")
+    return result
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM stops the search and its worker processes (the search's own cleanup runs), not
+    the process alone: one line on stderr and the shell's exit status for it (143)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        click.echo("ghsim: stopped by SIGTERM", err=True)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _csv(value: str, what: str) -> list[str]:

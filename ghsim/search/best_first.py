@@ -57,7 +57,9 @@ class _BestFirst:
             self.unit, self.scale, self.what = "s", 1.0, "GPU compute"
         self.index = {p: j for j, (p, _) in enumerate(survivors)}
         self.tables: dict[tuple, dict] = {}  # neighbours' lookup, built on first use
-        self.cls = [compute_class(p) for p, _ in survivors] if self.unit == "s" else []
+        classes: dict[Plan, Plan] = {}  # one object per class: survivors are many, classes few
+        self.cls = [classes.setdefault(c, c) for c in (compute_class(p) for p, _ in survivors)] \
+            if self.unit == "s" else []
         self.members: dict[Plan, int] = {}
         for c in self.cls:
             self.members[c] = self.members.get(c, 0) + 1
@@ -66,7 +68,8 @@ class _BestFirst:
         self.order = Order(self.keys, seed_tiers([p for p, _ in survivors], self.keys, memory), memory)
         self.pending = self.order.pending
         self.no_fit = NoFit(runner.hw)
-        self.wave = max(8, runner.jobs * 4)
+        self.full_wave = self.wave = max(8, runner.jobs * 4)
+        self.round_s = 0.0  # wall seconds of a round (one plan per worker) in the last wave
         self.out: list[Evaluation] = []
         self.best: list[float] = []  # values of the feasible plans screened so far, ascending
 
@@ -74,13 +77,25 @@ class _BestFirst:
         while self.pending:
             top = self.top
             bar = self.best[top - 1] * (1 + SCREEN_TOLERANCE) if len(self.best) >= top else math.inf
-            if time.perf_counter() > deadline and self.best:  # (never before a first plan fits)
+            if not self._fit_wave(deadline - time.perf_counter()):
                 self._leave_unexplored()
                 break
             batch = self._next_batch(bar)
             if batch:
+                t = time.perf_counter()
                 self._simulate(batch, bar)
+                rounds = math.ceil(len(batch) / self.runner.jobs)
+                self.round_s = (time.perf_counter() - t) / rounds
         return self.out
+
+    def _fit_wave(self, left_s: float) -> bool:
+        """Size the next wave to the time left (a big cluster's plan can take seconds): as many
+        rounds as the last wave's pace fits (a full wave until it is known); False when not one."""
+        if left_s <= 0 or self.round_s > left_s:
+            return False
+        if self.round_s and left_s < math.inf:
+            self.wave = max(1, min(self.full_wave, int(left_s / self.round_s) * self.runner.jobs))
+        return True
 
     def bound(self, j: int) -> float:
         if self.unit != "s":

@@ -15,8 +15,10 @@ lookups (memo_calibration); it lives as long as one search, in its workers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -28,7 +30,7 @@ from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
 from ghsim.search.best_first import screen_best_first
-from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit
+from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit, memory_states
 from ghsim.search.memory_order import recompute_rank
 from ghsim.search.objective import Objective, score
 from ghsim.search.screen import Evaluation, Status, compute_bound, evaluate, flops_lower_bound
@@ -38,11 +40,12 @@ from ghsim.simulate import check_fit_to_model, check_simulable
 
 @dataclass(frozen=True)
 class PrunedGroup:
-    """A group of candidates the memory floor rules out as a whole."""
+    """A group of candidates the memory floor rules out as a whole (or a time limit left unjudged)."""
 
     base: Plan
     size: int
     reason: str
+    status: Status = Status.PRUNED  # or UNEXPLORED: the time limit came before the group's turn
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class SearchResult:
 
     def count(self, status: Status) -> int:
         n = sum(1 for e in self.evaluations if e.status == status)
-        return n + (sum(g.size for g in self.pruned_groups) if status == Status.PRUNED else 0)
+        return n + sum(g.size for g in self.pruned_groups if g.status == status)
 
     @property
     def best(self) -> Evaluation | None:
@@ -117,10 +120,11 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
            progress: Progress | None = None, time_limit: float = 0.0) -> SearchResult:
     """Search `space` around `base` (which holds gpus, seq, global batch, LoRA rank).
 
-    `time_limit` (seconds of simulating, 0: none) stops simulating new plans once reached
-    (after at least one round); what is left is reported as unexplored, with its bound."""
+    `time_limit` (seconds, 0: none) bounds the whole search: once reached, what is not yet
+    judged is reported as unexplored (with its bound where one is known)."""
     t0 = time.perf_counter()
     check_simulable(model)
+    deadline = t0 + time_limit if time_limit > 0 else math.inf
     price = hw.price_per_gpu_hour if price_per_gpu_hour is None else price_per_gpu_hour
     if objective == Objective.COST and not price > 0:
         raise GhsimError(f"{hw.name} has no price_per_gpu_hour_usd: give --price for --objective cost")
@@ -129,11 +133,16 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
     n_candidates = sum(g.size for g in all_groups)
     tick = _Ticker(progress, n_candidates)
 
-    pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick)
+    if time_limit > 0:
+        # pruning may take at most this share of the limit, every layout in turn, so that
+        # a large space leaves screening time and a sample of every layout
+        all_groups = _by_layout_in_turn(all_groups)
+    pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick, t0 + PRUNE_SHARE * time_limit
+                                                    if time_limit > 0 else math.inf)
     survivors, rejected = _valid(model, hw, survivors, tick)
     pruned_plans += rejected
     with _Runner(model, hw, cal, jobs) as runner:
-        survivors, same = _collapse_ignored(runner, survivors, tick)
+        survivors, same = _collapse_ignored(runner, survivors, tick, deadline)
         pruned_plans += same
         # CUDA graphs only shorten kernel launches: a plan without them is never faster and
         # holds the same memory, so it is simulated only where its twin with them cannot run
@@ -141,7 +150,6 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
         has_twin = [not p.cuda_graphs and p.with_(cuda_graphs=True) in alive for p, _ in survivors]
         primary = [s for s, t in zip(survivors, has_twin) if not t]
         twins = [s for s, t in zip(survivors, has_twin) if t]
-        deadline = time.perf_counter() + time_limit if time_limit > 0 else math.inf
         screened = screen_best_first(runner, primary, objective, top, tick, deadline)
         verdict = {e.plan: e for e in screened}
         again = []
@@ -162,9 +170,21 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
                         tuple(pruned_groups), n_candidates, time.perf_counter() - t0, n_full)
 
 
-def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker"):
+PRUNE_SHARE = 0.5  # of a time limit, for memory pruning at most
+
+
+def _by_layout_in_turn(all_groups: list[Group]) -> list[Group]:
+    """The groups, one of each layout (tp, pp, ep) in turn."""
+    by_layout: dict[tuple[int, int, int], list[Group]] = {}
+    for g in all_groups:
+        by_layout.setdefault((g.base.tp, g.base.pp, g.base.ep), []).append(g)
+    return [g for turn in itertools.zip_longest(*by_layout.values()) for g in turn if g is not None]
+
+
+def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker", deadline: float = math.inf):
     """Memory pruning: a group's floor (what none of its members avoids) first, then each
-    member, walking micro-batches upwards and stopping at the first that cannot fit."""
+    member, walking micro-batches upwards and stopping at the first that cannot fit. Groups
+    not reached by the deadline are left unexplored, whole."""
     pruned_groups: list[PrunedGroup] = []
     pruned: list[Evaluation] = []
     survivors: list[tuple[Plan, Any]] = []
@@ -173,8 +193,13 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
         for um in g.unified_memory:
             base = g.base.with_(unified_memory=um)
             sub_size = g.size // len(g.unified_memory)
+            if time.perf_counter() > deadline:
+                pruned_groups.append(PrunedGroup(base, sub_size, TIME_LIMIT_REASON, Status.UNEXPLORED))
+                tick.add(sub_size)
+                continue
             floor_plan = base.with_(micro_batch=g.micro_batches[0], recompute=min(g.recomputes, key=recompute_rank))
-            floor = estimate_memory(model, hw, floor_plan)
+            states = memory_states(model, hw, base)  # shared by the group's members
+            floor = estimate_memory(model, hw, floor_plan, states)
             if not may_fit(replace(floor, hbm_bytes=floor.floor_bytes), hw, base):
                 reason = _why(floor, hw, base, floor=True)
                 pruned_groups.append(PrunedGroup(base, sub_size, reason))
@@ -183,7 +208,7 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
             for rc in g.recomputes:
                 for i, mb in enumerate(g.micro_batches):
                     plan = base.with_(recompute=rc, micro_batch=mb)
-                    est = floor if plan == floor_plan else estimate_memory(model, hw, plan)
+                    est = floor if plan == floor_plan else estimate_memory(model, hw, plan, states)
                     if not may_fit(est, hw, plan):
                         # activations only grow with the micro-batch: the larger ones cannot fit either
                         why = _why(est, hw, plan)
@@ -205,12 +230,15 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
     return pruned_groups, survivors, pruned
 
 
+TIME_LIMIT_REASON = "not judged within the time limit"
+
 # Settings that only matter in some code paths of the simulator (e.g. the offload
 # split on one GPU but not yet on several), with the value their twin takes.
 PROBED = {"offload_ratio": 1.0, "offload_schedule": "auto"}
 
 
-def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick: "_Ticker"):
+def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick: "_Ticker",
+                      deadline: float = math.inf):
     """Plans that differ from a twin only in a setting the simulator ignores for this search.
 
     For each probed setting, one plan with another value and its twin are simulated;
@@ -221,6 +249,8 @@ def _collapse_ignored(runner: "_Runner", survivors: list[tuple[Plan, Any]], tick
     plans = {p for p, _ in survivors}
     same: list[Evaluation] = []
     for field, default in PROBED.items():
+        if time.perf_counter() > deadline:  # (a saving only: without it the plans are screened one by one)
+            break
         canon = lambda p: p.with_(**{field: type(getattr(p, field))(default)})  # noqa: E731
         pair = next(((p, canon(p)) for p, _ in survivors if p != canon(p) and canon(p) in plans), None)
         if pair is None:
@@ -320,6 +350,10 @@ _WORKER: dict[str, Any] = {}  # one search's (model, hardware, calibration) in a
 
 
 def _init_worker(model: ModelSpec, hw: Hardware, cal: Calibration) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops the workers, they need not react;
+    # and the parent stops them with SIGTERM, whose handler (the CLI's, inherited by fork) is not theirs
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER.update(model=model, hw=hw, cal=cal)
 
 
@@ -345,9 +379,17 @@ class _Runner:
     def __enter__(self) -> "_Runner":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if self.pool is None:
+            return
+        if exc_type is not None:
+            # interrupted (SIGINT, SIGTERM via the CLI) or failed: stop the workers now rather
+            # than wait for their chunks; ProcessPoolExecutor has no public way to name them
+            for proc in list((self.pool._processes or {}).values()):
+                proc.terminate()
+        # (waiting is quick once they are gone: the pool's manager thread sees them die; not
+        # waiting races its wake-up pipe against interpreter exit)
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self.pool is None:
@@ -399,3 +441,16 @@ class _Runner:
 
 def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def usable_jobs(requested: int | None) -> tuple[int, str]:
+    """Worker processes for a request (None: every core), at most one per available core,
+    with a note when the request was capped; fewer than one is an error."""
+    cores = default_jobs()
+    if requested is None:
+        return cores, ""
+    if requested < 1:
+        raise GhsimError(f"--jobs must be at least 1 (got {requested})")
+    if requested > cores:
+        return cores, f"--jobs {requested} capped to the {cores} cores available"
+    return requested, ""

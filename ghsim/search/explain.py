@@ -52,12 +52,18 @@ def headline(r: SearchResult) -> list[str]:
     return lines
 
 
+def cut_short(r: SearchResult) -> str:
+    """The line saying a time limit cut the search short, and how many plans it left unjudged."""
+    left = r.count(Status.UNEXPLORED)
+    return (f"the search was cut short by its time limit after {r.elapsed_s:.1f} s: {left:,} of "
+            f"{r.n_candidates:,} plans were not judged; rerun with --time-limit 0 (or more seconds) to judge them all")
+
+
 def render_table(r: SearchResult, top: int) -> str:
     lines = headline(r)
     left = r.count(Status.UNEXPLORED)
     if left:
-        lines.append(f"{left:,} plans that fit the memory model were not simulated within the time limit: "
-                     f"rerun with --time-limit 0 to simulate them all")
+        lines.append(cut_short(r))
     if not r.ranked:
         return "\n".join(lines + [""] + no_fit_advice(r))
     price = r.price_per_gpu_hour
@@ -95,7 +101,7 @@ def _describe(dim: str, value: Any) -> str:
 def neighbours(r: SearchResult, plan: Plan) -> list[tuple[str, Evaluation | None, Any]]:
     """Plans one searched choice away from `plan`: (what differs, its evaluation, or for a
     group pruned whole, (reason, the other value))."""
-    groups = {_group_key(g.base, r.base): g.reason for g in r.pruned_groups}
+    groups = {_group_key(g.base, r.base): g.reason for g in r.pruned_groups if g.status == Status.PRUNED}
     mine = _dims(plan)
     searched = operator.attrgetter(*SEARCHED)  # (a big search judges ~10^5 plans: compare tuples)
     my_values = searched(plan)

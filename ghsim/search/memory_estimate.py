@@ -251,19 +251,42 @@ def _stage_moments(plan: Plan, setup: OffloadSetup, states: RankStates, grads: G
     return moments
 
 
-def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimate:
+@dataclass(frozen=True)
+class StageStates:
+    """One pipeline stage's share of what does not depend on recompute or the micro-batch."""
+
+    first: bool
+    last: bool
+    states: RankStates
+    grads: GradParts
+    opt_temp: float
+
+
+@dataclass(frozen=True)
+class PlanStates:
+    """The part of a plan's estimate that recompute, the micro-batch and CUDA graphs leave
+    alone (weights, gradients, optimizer states by stage): the search computes it once per
+    group of plans and estimates each member on top of it (memory_states, estimate_memory)."""
+
+    dt: Dtypes
+    setup: OffloadSetup
+    stage_layers: int
+    chunk_layers: int
+    stages: tuple[StageStates, ...]
+    node_gpus: int
+
+
+def memory_states(model: ModelSpec, hw: Hardware, plan: Plan) -> PlanStates:
+    """`plan`'s PlanStates (its recompute, micro-batch and CUDA graphs do not matter)."""
     dt = Dtypes.of(plan)
     layout = Layout.of(plan, hw)
     pp = layout.pp
     local = rank_shard(model, layout)
-    stage_layers = model.num_layers // pp
     chunk_layers = model.num_layers // layout.chunks
-    acts = _activations(model, plan, dt, chunk_layers)
     setup = resolve_offload(plan)
     on_gpu_optimizer = not setup.optimizer
     shard_opt = plan.dp if plan.zero >= 1 and plan.dp > 1 else 1
-    moments: list[tuple[str, dict[str, float]]] = []
-    floor = host = 0.0
+    stages = []
     # the first stage (embedding, most micro-batches in flight), the last (the loss) and a
     # middle one stand for all
     for d in sorted({0, pp - 1} | ({1} if pp > 2 else set())):
@@ -276,15 +299,30 @@ def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan) -> MemoryEstimat
         # torch's foreach AdamW materialises an fp32 temporary per step (an average chunk's: a lower reading)
         opt_temp = (stage.trainable / layout.interleave * 4 / shard_opt
                     if plan.optimizer_impl == "foreach" and on_gpu_optimizer else 0.0)
-        mine = _stage_moments(plan, setup, states, grads, acts, stage_layers, first, last, opt_temp)
+        stages.append(StageStates(first, last, states, grads, opt_temp))
+    return PlanStates(dt, setup, model.num_layers // pp, chunk_layers, tuple(stages), node_gpus(plan, hw))
+
+
+def estimate_memory(model: ModelSpec, hw: Hardware, plan: Plan, states: PlanStates | None = None) -> MemoryEstimate:
+    """The plan's estimate; `states` (memory_states of a plan differing from it at most in
+    recompute, micro-batch and CUDA graphs) saves recomputing what they share."""
+    ps = states or memory_states(model, hw, plan)
+    acts = _activations(model, plan, ps.dt, ps.chunk_layers)
+    moments: list[tuple[str, dict[str, float]]] = []
+    floor = host = 0.0
+    for st in ps.stages:
+        mine = _stage_moments(plan, ps.setup, st.states, st.grads, acts, ps.stage_layers, st.first, st.last,
+                              st.opt_temp)
         moments += mine
         floor = max(floor, sum(dict(mine)["optimizer"].values()) if len(mine) > 1 else sum(mine[0][1].values()))
-        host = max(host, sum(states.host.values()) + acts.offloaded)
+        host = max(host, sum(st.states.host.values()) + acts.offloaded)
     moment, parts = max(moments, key=lambda kv: sum(kv[1].values()))
     if plan.framework.value not in KNOWN_FRAMEWORKS:
         host = 0.0
-    return MemoryEstimate(sum(parts.values()), host * node_gpus(plan, hw), {k_: v for k_, v in parts.items() if v},
+    return MemoryEstimate(sum(parts.values()), host * ps.node_gpus, {k_: v for k_, v in parts.items() if v},
                           moment, floor)
+
+
 def may_fit(est: MemoryEstimate, hw: Hardware, plan: Plan) -> bool:
     """False only when the estimate proves the plan cannot fit (see MARGIN).
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
+from dataclasses import fields
+from typing import Callable
 
 from ghsim.plan import Plan
 from ghsim.search.space import LAYOUT, SEARCHED
@@ -96,19 +99,28 @@ def neighbours(plan: Plan, index: dict[Plan, int], tables: dict[tuple, dict]) ->
     survivors grouped by everything the move leaves alone (built on first use, per search)."""
     out = []
     for move in MOVES:
+        rest, values = _getters(move)
         if move not in tables:
-            table: dict[Plan, dict[tuple, int]] = {}
+            # keyed by the hash of the other fields (an int, not a tuple per plan: a large search
+            # has 10^5 survivors); a collision could only add a neighbour to explore, never a verdict
+            table: dict[int, dict[tuple, int]] = {}
             for p, j in index.items():
-                table.setdefault(_without(p, move), {})[_values(p, move)] = j
+                table.setdefault(hash(rest(p)), {})[values(p)] = j
             tables[move] = table
-        mine = _values(plan, move)
-        out += [j for values, j in tables[move].get(_without(plan, move), {}).items() if values != mine]
+        mine = values(plan)
+        out += [j for v, j in tables[move].get(hash(rest(plan)), {}).items() if v != mine]
     return out
 
 
-def _values(plan: Plan, dims: tuple[str, ...]) -> tuple:
-    return tuple(getattr(plan, d) for d in dims)
+_PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 
 
-def _without(plan: Plan, dims: tuple[str, ...]) -> Plan:
-    return plan.with_(**{d: getattr(Plan, d) for d in dims})  # the class default stands in for "any value"
+def _getters(dims: tuple[str, ...]) -> tuple[Callable[[Plan], tuple], Callable[[Plan], tuple]]:
+    """(the plan's other fields, its values of `dims`), each as a tuple: a move's table keys."""
+    rest = [f for f in _PLAN_FIELDS if f not in dims]
+    return _tuple_getter(rest), _tuple_getter(list(dims))
+
+
+def _tuple_getter(names: list[str]) -> Callable[[Plan], tuple]:
+    get = operator.attrgetter(*names)
+    return get if len(names) > 1 else (lambda p: (get(p),))
