@@ -10,6 +10,7 @@ from typing import Any, Callable
 import click
 
 from ghsim.errors import GhsimError
+from ghsim.graph.offload.setup import library_refusal
 from ghsim.plan import CpuOptimizer
 
 
@@ -182,6 +183,9 @@ def plan_from_flags(kw: dict[str, Any]):
                    if kw.get(flag) is not None and name in file_keys and getattr(plan, name) != getattr(from_files, name)]
         if changed:
             click.echo(f"ghsim: note: flags override the plan file's values: {', '.join(changed)}", err=True)
+    refusal = library_refusal(plan)
+    if refusal:  # the plan's library would not run it: say so rather than price a what-if as real
+        raise GhsimError(refusal)
     return plan
 
 

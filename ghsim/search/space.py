@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from ghsim.errors import GhsimError
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
+from ghsim.graph.offload.setup import library_refusal
 from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute
 
 # Offload sets, canonical: moving gradients or parameters to the host implies the
@@ -206,9 +207,12 @@ def groups(space: SearchSpace, base: Plan) -> Iterator[Group]:
                         kw: dict[str, Any] = dict(precision=prec, framework=fw, zero=zero, offload=offload,
                                                   offload_ratio=ratio, tp=tp, pp=pp, ep=ep, optimizer_impl=impl,
                                                   sequence_parallel=sp, pp_interleave=v, offload_schedule=schedule)
+                        plan = replace(base, **kw)
+                        if library_refusal(plan):
+                            continue  # a plan its library would not run (the commands refuse it when pinned)
                         # unified memory is searched as the alternative to explicit offload
                         um = space.unified_memory if not offload else _keep(space.unified_memory, lambda u: not u)
-                        yield Group(replace(base, **kw), space.recomputes, mbs, tuple(um), space.cuda_graphs)
+                        yield Group(plan, space.recomputes, mbs, tuple(um), space.cuda_graphs)
 
 
 def _keep(values: tuple, ok) -> list:

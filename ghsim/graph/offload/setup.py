@@ -108,6 +108,22 @@ def check_offload(plan: Plan) -> None:
         raise GhsimError("--offload-schedule superoffload schedules the optimizer: add --offload optimizer")
 
 
+def library_refusal(plan: Plan) -> str | None:
+    """Why the plan's library would not run the plan as stated (None: it would). The simulator
+    still prices such what-ifs; the commands refuse them and the search never proposes them."""
+    if plan.framework != Framework.DEEPSPEED:
+        return None
+    if plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and plan.zero != 3:
+        # deepspeed/runtime/engine.py builds SuperOffloadOptimizer_Stage3 only in the stage-3 path
+        return (f"DeepSpeed runs SuperOffload only with ZeRO stage 3 (at stage {plan.zero} it ignores super_offload "
+                "and runs ZeRO-Offload): add --zero 3 or drop --offload-schedule superoffload")
+    if plan.pp > 1 and plan.zero >= 2:
+        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        return (f"DeepSpeed's pipeline engine refuses ZeRO stage {plan.zero} ('ZeRO-2 and ZeRO-3 are incompatible "
+                "with pipeline parallelism'): use --zero 0 or 1 with --pp")
+    return None
+
+
 @dataclass(frozen=True)
 class StepFacts:
     """What the rewrite needs to know about the step it rewrites."""
