@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
+import os
 import math
 import tomllib
 from pathlib import Path
@@ -17,6 +20,12 @@ def _refuse_non_finite(token: str) -> float:
     raise ValueError(f"{token} is not a finite number")
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return tomllib.load(f, parse_float=_finite_toml_float)
+
+
 def _finite_toml_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -25,9 +34,12 @@ def _finite_toml_float(text: str) -> float:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """The file's tables (a fresh copy: callers may change it). Parsed once per version of the file:
+    one command reads every hardware profile and model file to name node kinds and models, and
+    parsing them each time cost more than simulating the step."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f, parse_float=_finite_toml_float)
+        st = os.stat(path)
+        return copy.deepcopy(_parsed(str(path), st.st_mtime_ns, st.st_size))
     except FileNotFoundError:
         raise GhsimError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as e:
