@@ -42,9 +42,9 @@ SIMULATE = {
     "off-opt-sync": "--model llama-2-7b --hardware h100-pcie --offload optimizer --offload-schedule sync",
     "off-opt-overlapped": ("--model llama-2-13b --hardware gh200-96gb --framework deepspeed --zero 2 "
                            "--offload optimizer,grads --offload-schedule overlapped --recompute full"),
-    "off-superoffload": ("--model llama-2-13b --hardware gh200-96gb --framework deepspeed --zero 2 "
+    "off-superoffload": ("--model llama-2-13b --hardware gh200-96gb --framework deepspeed --zero 3 "
                          "--offload optimizer,grads --offload-schedule superoffload --recompute full"),
-    "off-ratio": ("--model llama-2-7b --hardware gh200-96gb --framework deepspeed --offload optimizer,grads "
+    "off-ratio": ("--model llama-2-7b --hardware gh200-96gb --framework deepspeed --zero 3 --offload optimizer,grads "
                   "--offload-schedule superoffload --offload-ratio 0.8"),
     "off-act": "--model llama-3-8b --hardware h100-sxm --offload activations --micro-batch 2",
     "off-pageable": "--model llama-2-7b --hardware h100-pcie --offload optimizer --offload-pageable",
