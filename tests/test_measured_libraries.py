@@ -10,7 +10,7 @@ import pytest
 from ghsim.validate.cases import DEFAULT_TOLERANCES, load_case, run_case
 
 ROOT = Path(__file__).resolve().parents[1] / "validation" / "measured_libraries"
-PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-")
+PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-", "h200-ds-", "h200-plain-")
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ def ds(stage, **kw):
     return z
 
 
-def ds_cases(model, ckpt, mb, seq=2048, tag=""):
-    base = f"h100-ds-{{}}-llama{model}-{'ckpt' if ckpt else 'nockpt'}-mb{mb}-s{seq}{tag}"
+def ds_cases(model, ckpt, mb, seq=2048, tag="", gpu="h100"):
+    base = f"{gpu}-ds-{{}}-llama{model}-{'ckpt' if ckpt else 'nockpt'}-mb{mb}-s{seq}{tag}"
     mk = lambda n, z: {"name": base.format(n), "mode": "ds", "model": model, "ckpt": ckpt, "mb": mb, "seq": seq,
                        "ds": z}
     return {
@@ -48,8 +48,8 @@ def ds_cases(model, ckpt, mb, seq=2048, tag=""):
     }
 
 
-def other_cases(model, ckpt, mb, seq=2048):
-    base = f"h100-{{}}-llama{model}-{'ckpt' if ckpt else 'nockpt'}-mb{mb}-s{seq}"
+def other_cases(model, ckpt, mb, seq=2048, gpu="h100"):
+    base = f"{gpu}-{{}}-llama{model}-{'ckpt' if ckpt else 'nockpt'}-mb{mb}-s{seq}"
     return {
         "fsdp2off": {"name": base.format("fsdp2-cpuoffload"), "mode": "fsdp2", "model": model, "ckpt": ckpt,
                      "mb": mb, "seq": seq, "impl": "default"},
@@ -71,7 +71,10 @@ def sets(tiny=False):
     o1 = other_cases("1b", True, 4)
     d3n = ds_cases("3b", False, 1)
     o3n = other_cases("3b", False, 1)
+    h3, ho3 = ds_cases("3b", True, 2, gpu="h200"), other_cases("3b", True, 2, gpu="h200")
     return {
+        # the same 3B plans on an H200 machine (its own host), held out like the rest
+        "h200": [h3["z2off"], h3["z3off"], h3["z2"], h3["z3"], ho3["plainfused"], h3["z3super"]],
         "a": [d3[k] for k in ("z2off", "z3off", "z3offp", "z3super", "z2offnp", "z2", "z3")],
         "b": [d3["z2offnp"], d3["z2"], d3["z3"], o3["fsdp2off"], o3["plainfused"]],
         "c": [o3["plainforeach"], d1["z2off"], d1["z3super"], d1["z2"], d3["z0"], d3["z1"]],

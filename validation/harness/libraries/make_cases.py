@@ -109,6 +109,7 @@ def _copy_trace(r, trace_dir: Path, d: Path) -> bool:
 
 def write_case(r, trace_dir: Path):
     name = r["name"]
+    profile = "h200-sxm" if "H200" in str(r.get("gpu", "")) else "h100-sxm"
     sp = r["spec"]
     d = ROOT / name
     d.mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,7 @@ def write_case(r, trace_dir: Path):
             "plain": f"plain PyTorch offload loop, CPU AdamW {sp.get('impl')}"}[sp["mode"]]
     full = desc + ", " + mname + ", mb" + str(sp["mb"]) + " seq" + str(sp["seq"]) + ", " + ("grad ckpt" if sp.get("ckpt") else "no ckpt")
     lines += [f"description = {tq(full)}",
-              'hardware = "h100-sxm"', 'date = "2026-11-24"', f"gpu = {tq(r.get('gpu', 'NVIDIA H100 80GB HBM3'))}",
+              f'hardware = "{profile}"', 'date = "2026-11-24"', f"gpu = {tq(r.get('gpu', 'NVIDIA H100 80GB HBM3'))}",
               f"software = {tq(SOFT)}", f"method = {tq(METHOD)}"]
     if trace:
         lines.append(f'trace = "{TRACE}"')
@@ -153,8 +154,11 @@ def write_case(r, trace_dir: Path):
         lines.append(f"torch_num_threads = {r.get('torch_threads')}")
         lines.append(f"cpu_affinity_cores = {r.get('affinity_after_init')}")
     lines += ["", "[hardware_overrides]",
-              '"cpu.cores" = { value = 16, source = "measured machine: 16 vCPUs (os.cpu_count) in a Firecracker VM, Intel Xeon with AVX-512 and AMX" }',
-              '"cpu.adamw_params_per_s" = { value = 4.675e9, source = "derived from the measured machine\'s host streaming bandwidth: 130.9 GB/s (_raw/microbench_host.json, torch add on 16 threads) / 28 B per fp32 AdamW update" }', ""]
+              '"cpu.cores" = { value = 16, source = "measured machine: 16 vCPUs (os.cpu_count) in a Firecracker VM, Intel Xeon with AVX-512 and AMX" }']
+    if profile == "h100-sxm":  # the host microbenchmark ran on the H100 machine; the H200 machine's host
+        # bandwidth comes from its calibration's CPU AdamW row (validate/cases.case_hardware)
+        lines.append('"cpu.adamw_params_per_s" = { value = 4.675e9, source = "derived from the measured machine\'s host streaming bandwidth: 130.9 GB/s (_raw/microbench_host.json, torch add on 16 threads) / 28 B per fp32 AdamW update" }')
+    lines.append("")
     (d / "case.toml").write_text("\n".join(lines))
     (d / "result.json").write_text(json.dumps(r, indent=1, default=str))
 
@@ -164,7 +168,9 @@ def write_case(r, trace_dir: Path):
 def main():
     trace_dir = Path(sys.argv[1])
     rows = []
-    for f in sorted((ROOT / "_raw").glob("results_[a-z].json")):
+    for f in sorted((ROOT / "_raw").glob("results_*.json")):
+        if f.stem == "results_smoke":
+            continue  # each code path on a tiny model: smoke tests only
         for r in json.loads(f.read_text()):
             if not r.get("ok") and r.get("error", "").startswith(("timeout", "skipped")):
                 continue  # re-run later in another call
