@@ -60,14 +60,14 @@ def test_case_tolerance_is_checked_like_the_shared_file(tmp_path, line):
 
 def test_case_with_missing_trace_is_named(tmp_path):
     case = _copy_case(tmp_path)
-    (case / "trace.pt.trace.json.gz").unlink()
+    (case / "trace.pt.trace.json.xz").unlink()
     with pytest.raises(GhsimError, match="trace"):
         load_case(case, load_tolerances(tmp_path))
 
 
 def test_truncated_trace_is_a_one_line_error_from_the_cli(tmp_path):
     case = _copy_case(tmp_path)
-    trace = case / "trace.pt.trace.json.gz"
+    trace = case / "trace.pt.trace.json.xz"
     trace.write_bytes(trace.read_bytes()[:5000])
     p = subprocess.run([sys.executable, "-c", "from ghsim.cli import main; main()", "validate", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
