@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from itertools import chain
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -116,8 +117,19 @@ class MicrobatchRun:
     mb: MicrobatchGraph
     schedule: engine.Schedule
     times: dict[str, float]  # t_fwd, t_bwd, t_dp, t_opt, makespan
-    segments: dict[str, Segment]  # fwd, bwd, opt (opt: from the end of reductions to the end)
     timeline: Timeline  # the kernel-level run (a one-stage, one-micro-batch step shows it)
+    cols: OpColumns  # the run's ops as columns (what the windows read)
+
+    @cached_property
+    def segments(self) -> dict[str, Segment]:
+        """fwd, bwd, opt (opt: from the end of reductions to the end). Only the report reads them:
+        a plan the search bounds from its middle micro-batch (step_time_floor) never pays for them."""
+        t, tl, cols = self.times, self.timeline, self.cols
+        return {
+            Phase.FWD: window(tl, 0.0, t["t_fwd"], cols),
+            Phase.BWD: window(tl, t["t_fwd"], t["t_bwd"], cols),
+            Phase.OPT: window(tl, max(t["t_bwd"], t["t_dp"]), t["t_opt"], cols),
+        }
 
 
 def level1_resources(hw: Hardware) -> tuple[engine.Resource, ...]:
@@ -153,12 +165,7 @@ def run_microbatch(mb: MicrobatchGraph, hw: Hardware, cost: CostModel, plan: Pla
     makespan = max(sched.makespan, t_opt)
     times = {"t_fwd": t_fwd, "t_bwd": t_bwd, "t_dp": t_dp, "t_opt": t_opt, "makespan": makespan}
     tl = Timeline(ops, [r.name for r in resources], sched, g.deps, g.layer, g.microbatch, lead_gap)
-    segments = {
-        Phase.FWD: window(tl, 0.0, t_fwd, cols),
-        Phase.BWD: window(tl, t_fwd, t_bwd, cols),
-        Phase.OPT: window(tl, max(t_bwd, t_dp), t_opt, cols),
-    }
-    return MicrobatchRun(mb, sched, times, segments, tl)
+    return MicrobatchRun(mb, sched, times, tl, cols)
 
 
 def _latest(ends: np.ndarray, floor: float) -> float:
