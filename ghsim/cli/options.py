@@ -138,7 +138,6 @@ FLAG_TO_FIELD = {
 
 def load_hardware_for(name: str, kw: dict[str, Any]):
     """The hardware profile `name` with the host the user says they have (--host-cores)."""
-    from ghsim.errors import GhsimError
     from ghsim.hardware import load_hardware
 
     cores = kw.get("host_cores")

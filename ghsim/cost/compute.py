@@ -198,6 +198,8 @@ class CostModel:
 
 
 # cuDNN's and the memory-efficient SDPA kernels take head dimensions that are multiples of 8
+# (measured: validation/microbench/issue15/h100-microbench15.json "sdpa", head dim 100: both
+# backends "No available kernel"; 64, 80, 96, 128 and 256 run)
 SDPA_HEAD_DIM_MULTIPLE = 8
 
 

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ghsim.cost.calibration import load_calibration
+from ghsim.cost.cpu_optimizer import ADAMW_STREAM_BYTES, curve_of
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES
 from ghsim.hardware import apply_overrides, hardware_from_dict, load_hardware
 from ghsim.model import load_model, model_from_dict
-from ghsim.plan import Plan, plan_from_dict
+from ghsim.plan import CpuOptimizer, Plan, plan_from_dict
 from ghsim.tomlio import read_toml
 
 DEFAULT_TOLERANCES = {
@@ -154,9 +155,6 @@ def case_hardware(case: Case):
     adamw_params_per_s (28 B per update), not the profile's whole-node figure;
     a published case ran on the machine its profile describes, so the profile's figure stands.
     """
-    from ghsim.cost.cpu_optimizer import ADAMW_STREAM_BYTES, curve_of
-    from ghsim.plan import CpuOptimizer
-
     base = load_hardware(case.hardware_name)
     overrides = dict(case.hardware_overrides)
     cal = load_calibration(base.calibration)

@@ -206,21 +206,16 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
                            lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
-        if returns and setup.pageable_param_return:  # the training thread copies it up before the next piece
+        if returns:
             nbytes = params * widths.param
-            h2d = _shared(alike, ("params.h2d.pageable", nbytes), lambda: copy_op(
-                "params.h2d", K.H2D, nbytes, OPT, setup, _H2D).evolve(pinned=False, host_waits=True))
+            # DeepSpeed's stage-3 return: the training thread copies each piece up from pageable
+            # memory before it steps the next one; otherwise a copy engine takes it, bucketed
+            pageable = setup.pageable_param_return
+            h2d = _shared(alike, ("params.h2d", nbytes, pageable), lambda: _params_up(
+                nbytes, setup, widths, pageable, superoffload and duplex_bwd))
             chain.append(new(h2d, [prev], src.layer, last_mb))
-            if widths.param_gpu_cast:
-                cast = _shared(alike, ("params.cast_bf16", params), lambda: gpu_cast("params.cast_bf16", params, OPT))
-                chain.append(new(cast, [chain[-1]], src.layer, last_mb))
-            prev = chain[-2] if widths.param_gpu_cast else chain[-1]
-        elif returns:
-            nbytes = params * widths.param
-            h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
-                "params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d),
-                superoffload and duplex_bwd))
-            chain.append(new(h2d, [prev], src.layer, last_mb))
+            if pageable:
+                prev = chain[-1]
             if widths.param_gpu_cast:
                 cast = _shared(alike, ("params.cast_bf16", params), lambda: gpu_cast("params.cast_bf16", params, OPT))
                 chain.append(new(cast, [chain[-1]], src.layer, last_mb))
@@ -238,21 +233,38 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
         rw.append(n)
 
 
+def _params_up(nbytes: float, setup: OffloadSetup, widths: Widths, pageable: bool, duplex: bool) -> Op:
+    """The updated parameters' copy to the GPU: from pageable memory by the training thread, or
+    bucketed on the copy engine."""
+    if pageable:
+        return copy_op("params.h2d", K.H2D, nbytes, OPT, setup, _H2D).evolve(pinned=False, host_waits=True)
+    return copy_op("params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d),
+                   duplex)
+
+
+def _in_turn(rw, arrivals, deps: list, passes, new, last_mb: int, alike: dict[tuple, Op]):
+    """Each pass over every arrived piece, one pass after another and piece after piece: `passes`
+    are (name, make(params) -> Op); the first op waits for `deps`. Returns the last op (None when
+    no piece arrived)."""
+    last = None
+    for name, make in passes:
+        for _, params, src in arrivals:
+            op = _shared(alike, (name, params), lambda: make(params))
+            last = rw.append(new(op, deps, src.layer, last_mb))
+            deps = [last]
+    return last
+
+
 def _host_clip(rw, arrivals, setup, new, last_mb: int, alike: dict[tuple, Op]):
     """Clipping host gradients by their global norm, once all have arrived. torch's
     clip_grad_norm_ (FSDP2 CPU offload) computes the norm with _foreach_norm, which on CPU
     tensors runs on one thread (its trace: 12.8 GB in 1.1 s, the one-thread copy rate), then
     scales them in place on every thread; DeepSpeed's stage 3 scales them on the host (the
     norm comes from the GPU)."""
-    steps = ([("grads.norm.cpu", 4, True)] if setup.cpu_impl != CpuOptimizer.DEEPSPEED else []) + \
-        [("grads.clip.cpu", 8, False)]
-    deps, last = [a for a, _, _ in arrivals], None
-    for name, width, single in steps:
-        for _, params, src in arrivals:
-            op = _shared(alike, (name, params), lambda: cpu_bytes(name, params * width, OPT, True, single))
-            last = rw.append(new(op, deps, src.layer, last_mb))
-            deps = [last]
-    return last  # None when no gradient comes to the host
+    norm = [("grads.norm.cpu", lambda p: cpu_bytes("grads.norm.cpu", p * 4, OPT, True, True))]
+    clip = [("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True))]
+    passes = (norm if setup.cpu_impl != CpuOptimizer.DEEPSPEED else []) + clip
+    return _in_turn(rw, arrivals, [a for a, _, _ in arrivals], passes, new, last_mb, alike)
 
 
 def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op]) -> None:
@@ -261,28 +273,15 @@ def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, a
     on the host, the training thread reads them for the global norm, scales them in place when
     clipping, runs DeepSpeedCPUAdam over the whole partition, narrows the fp32 partition to the
     16-bit copy, and only then copies the parameters up. Pass by pass, nothing overlaps."""
-    barrier = [a for a, _, _ in arrivals]
-    passes = [("grads.norm.cpu", 4)] + ([("grads.clip.cpu", 8)] if setup.grad_clip else [])
-    prev: list = barrier
-    for name, width in passes:
-        for _, params, src in arrivals:
-            op = _shared(alike, (name, params), lambda: cpu_bytes(name, params * width, OPT, True))
-            prev = [rw.append(new(op, prev, src.layer, last_mb))]
-    for _, params, src in arrivals:
-        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, True))
-        prev = [rw.append(new(adam, prev, src.layer, last_mb))]
+    passes = [("grads.norm.cpu", lambda p: cpu_bytes("grads.norm.cpu", p * 4, OPT, True))]
+    if setup.grad_clip:
+        passes.append(("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
+    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True)))
     if widths.param_cpu_cast:
-        for _, params, src in arrivals:
-            cast = _shared(alike, ("params.cast_bf16.cpu", params),
-                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, True))
-            prev = [rw.append(new(cast, prev, src.layer, last_mb))]
-    if setup.params:
-        return
-    for _, params, src in arrivals:
-        nbytes = params * widths.param
-        h2d = _shared(alike, ("params.h2d", nbytes), lambda: copy_op(
-            "params.h2d", K.H2D, nbytes, OPT, setup, _H2D, _bucket_count(nbytes, setup, widths.bucket_h2d)))
-        prev = [rw.append(new(h2d, prev, src.layer, last_mb))]
+        passes.append(("params.cast_bf16.cpu", lambda p: cpu_bytes("params.cast_bf16.cpu", p * 6, OPT, True)))
+    if not setup.params:
+        passes.append(("params.h2d", lambda p: _params_up(p * widths.param, setup, widths, False, False)))
+    _in_turn(rw, arrivals, [a for a, _, _ in arrivals], passes, new, last_mb, alike)
 
 
 def _grad_bytes_per_run(graph: OpGraph, by_mb) -> dict[tuple[int, int], float]:

@@ -17,6 +17,9 @@ import tarfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libraries"))
+from batch import read_result  # noqa: E402  (the offload cases' reader: one definition)
+
 HERE = Path(__file__).resolve().parent
 ALL7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -70,16 +73,7 @@ def run_case(spec, work, timeout):
                            stdout=lf, stderr=subprocess.STDOUT, timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
-    j, part = work / (spec["name"] + ".json"), work / (spec["name"] + ".json.partial")
-    if j.exists():
-        r = json.loads(j.read_text())
-    elif part.exists():
-        r = json.loads(part.read_text())
-        r["ok"] = True
-        r["note"] = "timed out after timing, during profiling: no trace"
-    else:
-        r = {"name": spec["name"], "spec": spec, "ok": False, "error": "timeout or crash; see log"}
-    return r, log
+    return read_result(work, spec), log
 
 
 def main():

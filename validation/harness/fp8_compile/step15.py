@@ -34,29 +34,14 @@ import sys
 import time
 import traceback
 
-MODELS = {
-    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-               num_key_value_heads=8),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8),
-    "tiny": dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                 num_key_value_heads=4),
-}
+# the same HF Llama shapes and construction as the offload cases (issue 14): one definition
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "libraries"))
+from lib_step import build_model as _lib_build_model  # noqa: E402
 
 
 def build_model(spec, torch, dtype, dev):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(spec["seq"], 2048), rope_theta=500000.0,
-                      tie_word_embeddings=True, use_cache=False, attn_implementation="sdpa",
-                      **MODELS[spec["model"]])
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    with torch.device(dev):
-        model = LlamaForCausalLM(cfg)
-    torch.set_default_dtype(prev)
-    model.config.use_cache = False
-    model.train()
-    return model
+    """HF LlamaForCausalLM from a LlamaConfig (random weights), no gradient checkpointing."""
+    return _lib_build_model(dict(spec, ckpt=False), torch, dtype, dev)[0]
 
 
 def swap_norms(model, torch):

@@ -70,7 +70,6 @@ def sets(tiny=False):
     d1 = ds_cases("1b", True, 4)
     o1 = other_cases("1b", True, 4)
     d3n = ds_cases("3b", False, 1)
-    o3n = other_cases("3b", False, 1)
     h3, ho3 = ds_cases("3b", True, 2, gpu="h200"), other_cases("3b", True, 2, gpu="h200")
     return {
         # the same 3B plans on an H200 machine (its own host), held out like the rest
@@ -81,6 +80,20 @@ def sets(tiny=False):
         "d": [d3["z3super90"], d3n["z2off"], d3n["z3off"], o1["fsdp2off"], o1["plainfused"], d3n["z3super"],
               d1["z3off"]],
     }
+
+
+def read_result(work: Path, spec: dict) -> dict:
+    """What a case process left in `work`: its result, the timed part of one cut off while
+    profiling, or a failure naming the log."""
+    j, part = work / (spec["name"] + ".json"), work / (spec["name"] + ".json.partial")
+    if j.exists():
+        return json.loads(j.read_text())
+    if part.exists():
+        r = json.loads(part.read_text())
+        r["ok"] = True
+        r["note"] = "timed out after timing, during profiling: no trace"
+        return r
+    return {"name": spec["name"], "spec": spec, "ok": False, "error": "timeout or crash; see log"}
 
 
 def main():
@@ -120,16 +133,7 @@ def main():
             pass
         wall = time.time() - t0
         logs.append(log)
-        j = work / (spec["name"] + ".json")
-        part = work / (spec["name"] + ".json.partial")
-        if j.exists():
-            r = json.loads(j.read_text())
-        elif part.exists():
-            r = json.loads(part.read_text())
-            r["ok"] = True
-            r["note"] = "timed out after timing, during profiling: no trace"
-        else:
-            r = {"name": spec["name"], "spec": spec, "ok": False, "error": "timeout or crash; see log"}
+        r = read_result(work, spec)
         r["case_wall_s"] = wall
         tail = log.read_text()[-600:]
         if not r.get("ok") and "out of memory" in (r.get("error", "") + tail).lower() and spec["mb"] > 1:
