@@ -1,0 +1,121 @@
+"""Write NVIDIA's published NeMo / Megatron-Bridge H100 FP8 training throughputs as `ghsim validate` cases.
+
+Sources (each row names its own):
+- NeMo 24.07, DGX-H100, FP8 (Transformer Engine delayed scaling, NeMo's default recipe then):
+  github.com/NVIDIA/NeMo commit 9c5c5e9709407d3511005fc966e45374998bb478,
+  docs/source/performance/performance_summary.md ("Pretraining" and "Finetuning" tables).
+- Megatron-Bridge (NeMo 25.11, 26.04, 26.06 containers), DGX-H100, FP8-CS (per-tensor current
+  scaling: Megatron's --fp8-recipe tensorwise): github.com/NVIDIA-NeMo/Megatron-Bridge commit
+  067f987df03b8355b03192d88d70f1709fedf51a, docs/performance-summary-archive.md.
+
+Step time = GBS x sequence length / (tokens per second per GPU x GPUs). The tables give throughput
+only: the cases state no memory peak. Rows that need context parallelism (CP > 1) or models outside
+ghsim's catalog (Nemotron, MoE rows) are listed in README.md and not written.
+
+Run from the repository root: python validation/published/nemo-h100-fp8/make_cases.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NEMO = ("github.com/NVIDIA/NeMo commit 9c5c5e9709407d3511005fc966e45374998bb478 "
+        "docs/source/performance/performance_summary.md")
+BRIDGE = ("github.com/NVIDIA-NeMo/Megatron-Bridge commit 067f987df03b8355b03192d88d70f1709fedf51a "
+          "docs/performance-summary-archive.md")
+
+# (name, source, table, model, gpus, gbs, mbs, seq, tp, pp, vp, zero, recipe, lora rank, tokens/s/GPU)
+# zero: 1 = Megatron's distributed optimizer (NeMo's default), 3 = Megatron FSDP (the table's FSDP column)
+ROWS = [
+    ("nemo2407-llama2-7b-pretrain", NEMO, "NeMo 24.07 Pretraining, LLAMA2-7B", "llama-2-7b",
+     8, 128, 1, 4096, 1, 1, 1, 1, "delayed", 0, 16934),
+    ("nemo2407-llama2-13b-pretrain", NEMO, "NeMo 24.07 Pretraining, LLAMA2-13B", "llama-2-13b",
+     16, 128, 1, 4096, 1, 4, 10, 1, "delayed", 0, 8715),
+    ("nemo2407-llama2-70b-pretrain", NEMO, "NeMo 24.07 Pretraining, LLAMA2-70B", "llama-2-70b",
+     64, 128, 1, 4096, 4, 4, 20, 1, "delayed", 0, 1728),
+    ("nemo2407-gpt3-175b-pretrain-128gpu", NEMO, "NeMo 24.07 Pretraining, GPT3-175B, 128 GPUs", "gpt3-175b",
+     128, 256, 1, 2048, 4, 8, 6, 1, "delayed", 0, 716),
+    ("nemo2407-gpt3-175b-pretrain-512gpu", NEMO, "NeMo 24.07 Pretraining, GPT3-175B, 512 GPUs", "gpt3-175b",
+     512, 2048, 2, 2048, 4, 8, 6, 1, "delayed", 0, 825),
+    ("nemo2407-llama2-7b-sft", NEMO, "NeMo 24.07 Finetuning, LLAMA2-7B SFT", "llama-2-7b",
+     8, 32, 1, 4096, 1, 1, 1, 1, "delayed", 0, 16891),
+    ("nemo2407-llama2-13b-sft", NEMO, "NeMo 24.07 Finetuning, LLAMA2-13B SFT", "llama-2-13b",
+     8, 32, 1, 4096, 1, 4, 1, 1, "delayed", 0, 10176),
+    ("nemo2407-llama2-70b-sft", NEMO, "NeMo 24.07 Finetuning, LLAMA2-70B SFT", "llama-2-70b",
+     16, 32, 1, 4096, 4, 4, 1, 1, "delayed", 0, 1816),
+    ("nemo2407-llama2-7b-lora", NEMO, "NeMo 24.07 Finetuning, LLAMA2-7B LoRA", "llama-2-7b",
+     8, 32, 1, 4096, 1, 1, 1, 1, "delayed", 32, 24824),
+    ("nemo2407-llama2-13b-lora", NEMO, "NeMo 24.07 Finetuning, LLAMA2-13B LoRA", "llama-2-13b",
+     8, 32, 1, 4096, 1, 1, 1, 1, "delayed", 32, 14629),
+    ("nemo2407-llama2-70b-lora", NEMO, "NeMo 24.07 Finetuning, LLAMA2-70B LoRA", "llama-2-70b",
+     8, 32, 1, 4096, 2, 4, 1, 1, "delayed", 32, 2621),
+    ("bridge2511-llama3-8b-pretrain", BRIDGE, "25.11 NeMo Container, DGX-H100, LLAMA3_8B FP8-CS", "llama-3-8b",
+     8, 128, 1, 8192, 1, 1, 1, 3, "tensorwise", 0, 14451),
+    ("bridge2511-llama3-70b-pretrain", BRIDGE, "25.11 NeMo Container, DGX-H100, LLAMA3_70B FP8-CS", "llama-3-70b",
+     64, 128, 1, 8192, 4, 8, 5, 1, "tensorwise", 0, 1602),
+    ("bridge2604-llama3-70b-pretrain", BRIDGE, "26.04 NeMo Container, Model LLAMA3_70B, DGX-H100 FP8", "llama-3-70b",
+     64, 256, 1, 8192, 4, 8, 5, 1, "tensorwise", 0, 1633),
+    ("bridge2606-llama3-70b-sft", BRIDGE, "26.06 NeMo Container, SFT, LLAMA3_70B, DGX-H100 FP8", "llama-3-70b",
+     32, 32, 1, 4096, 4, 4, 5, 1, "tensorwise", 0, 1638),
+    ("bridge2606-llama3-70b-lora", BRIDGE, "26.06 NeMo Container, LoRA, LLAMA3_70B, DGX-H100 FP8", "llama-3-70b",
+     8, 32, 1, 4096, 2, 4, 20, 1, "tensorwise", 32, 2643),
+]
+
+FINETUNE_NOTE = ("fine-tuning on SQuAD v1.1 packed to 4096 tokens (the table's note): priced as one causal "
+                 "sequence of 4096 tokens (packed-sequence attention not modeled)")
+LORA_NOTES = {  # the tables do not state the LoRA configuration: each library's default
+    NEMO: ("LoRA rank 32 on the fused QKV projection: assumed, NeMo 1.x's default peft.lora_tuning "
+           "(adapter_dim 32, target_modules attention_qkv)"),
+    BRIDGE: ("LoRA rank 32 on linear_qkv, linear_proj, linear_fc1, linear_fc2: Megatron-Bridge's default "
+             "(src/megatron/bridge/peft/lora.py at the commit above: target_modules, dim 32)"),
+}
+LORA_TARGETS = {NEMO: '["q_proj", "k_proj", "v_proj"]', BRIDGE: '"all"'}
+
+
+def case_toml(name, source, table, model, gpus, gbs, mbs, seq, tp, pp, vp, zero, recipe, lora, tps) -> str:
+    step = gbs * seq / (tps * gpus)
+    notes = [n for n, on in ((FINETUNE_NOTE, "sft" in name or "lora" in name), (LORA_NOTES[source], lora > 0)) if on]
+    lora_lines = f'lora_rank = {lora}\nlora_targets = {LORA_TARGETS[source]}\n' if lora else ""
+    return f'''[case]
+name = "{name}"
+description = "{table}: {gpus} x H100 SXM, TP {tp} PP {pp} VP {vp}, GBS {gbs}, MBS {mbs}, seq {seq}, FP8 ({recipe})"
+hardware = "h100-sxm"
+published = true
+source = "{source}, table '{table}': {tps} tokens/s/GPU"
+method = "published throughput; step time = GBS x seq / (tokens/s/GPU x GPUs) = {gbs} x {seq} / ({tps} x {gpus}){'; ' + '; '.join(notes) if notes else ''}"
+
+[model]
+name = "{model}"
+
+[plan]
+gpus = {gpus}
+global_batch = {gbs}
+micro_batch = {mbs}
+seq = {seq}
+tp = {tp}
+pp = {pp}
+pp_interleave = {vp}
+sequence_parallel = {'true' if tp > 1 else 'false'}
+zero = {zero}
+precision = "fp8"
+fp8_recipe = "{recipe}"
+recompute = "none"
+framework = "megatron"
+optimizer_impl = "fused"
+{lora_lines}
+[measured]
+step_time_s = {step:.6f}
+tokens_per_s_per_gpu = {tps}
+'''
+
+
+def main() -> None:
+    root = Path(__file__).parent / "cases"
+    for row in ROWS:
+        folder = root / row[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "case.toml").write_text(case_toml(*row))
+
+
+if __name__ == "__main__":
+    main()
