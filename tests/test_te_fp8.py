@@ -19,7 +19,7 @@ from ghsim.validate.cases import validate
 H100 = load_hardware("h100-sxm")
 MODEL = load_model("llama-3-8b")
 MEGATRON_FP8 = Plan(seq=2048, global_batch=4, precision=Precision.FP8, framework=Framework.MEGATRON)
-NEMO = Path(__file__).resolve().parents[1] / "validation" / "published" / "nemo-h100-fp8"
+NEMO = Path(__file__).resolve().parents[1] / "validation" / "published" / "nemo-h100"
 
 
 def step(plan: Plan, model=MODEL):
@@ -104,9 +104,10 @@ def test_recipe_round_trips_through_flags_and_files():
 
 
 def test_published_nemo_fp8_tables_within_the_issue_target():
-    """Issue 15: published FP8 tables, median step-time error at most 10% (held out: nothing fitted)."""
-    results = validate(NEMO, with_trace=False)
+    """Issue 15: published FP8 tables, median step-time error at most 10% (held out: nothing fitted).
+    The folder's BF16 rows (GPT-OSS MoE) are reported in its README, not held to this."""
+    results = [r for r in validate(NEMO, with_trace=False) if r.case.plan.precision == Precision.FP8]
     errors = np.abs([r.errors["step_time_rel"] for r in results if r.status != "skipped"])
-    assert len(errors) == len(results) >= 16
+    assert len(errors) == len(results) >= 17
     assert np.median(errors) <= 0.10 and errors.max() <= 0.25
     assert all("peak_memory_rel" not in r.errors for r in results)  # throughput tables: no peak compared

@@ -1,9 +1,11 @@
-"""Write NVIDIA's published NeMo / Megatron-Bridge H100 FP8 training throughputs as `ghsim validate` cases.
+"""Write NVIDIA's published NeMo / Megatron-Bridge / MLPerf H100 training throughputs as `ghsim validate` cases.
 
 Sources (each row names its own):
 - NeMo 24.07, DGX-H100, FP8 (Transformer Engine delayed scaling, NeMo's default recipe then):
   github.com/NVIDIA/NeMo commit 9c5c5e9709407d3511005fc966e45374998bb478,
   docs/source/performance/performance_summary.md ("Pretraining" and "Finetuning" tables).
+- MLPerf Training v4.0, NVIDIA's Llama-2-70B LoRA on one DGX H100: the result log's throughput and the
+  submission's config (MLPERF below).
 - Megatron-Bridge (NeMo 25.11, 26.04, 26.06 containers), DGX-H100, FP8-CS (per-tensor current
   scaling: Megatron's --fp8-recipe tensorwise): github.com/NVIDIA-NeMo/Megatron-Bridge commit
   067f987df03b8355b03192d88d70f1709fedf51a, docs/performance-summary-archive.md.
@@ -12,7 +14,7 @@ Step time = GBS x sequence length / (tokens per second per GPU x GPUs). The tabl
 only: the cases state no memory peak. Rows that need context parallelism (CP > 1) or models outside
 ghsim's catalog (Nemotron, MoE rows) are listed in README.md and not written.
 
-Run from the repository root: python validation/published/nemo-h100-fp8/make_cases.py
+Run from the repository root: python validation/published/nemo-h100/make_cases.py
 """
 
 from __future__ import annotations
@@ -59,7 +61,50 @@ ROWS = [
      32, 32, 1, 4096, 4, 4, 5, 1, "tensorwise", 0, 1638),
     ("bridge2606-llama3-70b-lora", BRIDGE, "26.06 NeMo Container, LoRA, LLAMA3_70B, DGX-H100 FP8", "llama-3-70b",
      8, 32, 1, 4096, 2, 4, 20, 1, "tensorwise", 32, 2643),
+    # the only H100 BF16 rows of these tables: GPT-OSS 120B (MoE, 128 experts top-4, EP 8)
+    ("bridge2511-gpt-oss-120b-bf16", BRIDGE, "25.11 NeMo Container, DGX-H100, GPT OSS 120B BF16", "gpt-oss-120b",
+     64, 512, 4, 4096, 1, 4, 1, 1, "", 0, 5630),
+    ("bridge260401-gpt-oss-120b-bf16", BRIDGE, "26.04.01 NeMo Container, Model GPT OSS 120B, DGX-H100 BF16",
+     "gpt-oss-120b", 64, 1280, 1, 4096, 1, 4, 1, 1, "", 0, 5824),
 ]
+EP = {"gpt-oss-120b": 8}  # the tables' EP column
+
+MLPERF = ("github.com/mlcommons/training_results_v4.0 commit 62f111b7690f163b269f32e4f93dcaaa13717c9c "
+          "NVIDIA/results/eos_ngc24.04_nemo/llama2_70b_lora/result_0.txt (tracked_stats throughput of the four "
+          "steady blocks after the first: 2.1572, 2.1554, 2.1550, 2.1552 samples/s, median 2.1553; the first block "
+          "includes warm-up) and NVIDIA/benchmarks/llama2_70b_lora/implementations/nemo/config_DGXH100_1x8x4xtp4pp1cp1.sh, "
+          "configs/config_common.sh, conf/megatron_gpt_peft_tuning_config.yaml")
+MLPERF_CASE = f'''[case]
+name = "mlperf40-llama2-70b-lora-1node"
+description = "MLPerf Training v4.0, NVIDIA Llama-2-70B LoRA on one DGX H100 (8 GPUs), TP 4 + SP, DP 2, GBS 8, MBS 1, seq 8192, FP8 (delayed, amax history 32), LoRA rank 16 on attention"
+hardware = "h100-sxm"
+published = true
+source = "{MLPERF}"
+method = "step time = GBS / samples per second = 8 / 2.1553; the config also runs FP8 attention (FP8_DPA=1), fp8 parameters without a transpose cache (fp8_params, disable_parameter_transpose_cache) and userbuffer TP-communication overlap, none of which ghsim models (it prices bf16 attention, bf16 parameters with TE's fp8 cache, and unoverlapped TP collectives); LoRA target 'attention' = the fused QKV and output projections; adapter dropout 0.1 not priced"
+
+[model]
+name = "llama-2-70b"
+
+[plan]
+gpus = 8
+global_batch = 8
+micro_batch = 1
+seq = 8192
+tp = 4
+sequence_parallel = true
+zero = 1
+precision = "fp8"
+fp8_recipe = "delayed"
+recompute = "none"
+framework = "megatron"
+optimizer_impl = "fused"
+lora_rank = 16
+lora_targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+[measured]
+step_time_s = {8 / 2.1553:.6f}
+samples_per_s = 2.1553
+'''
 
 FINETUNE_NOTE = ("fine-tuning on SQuAD v1.1 packed to 4096 tokens (the table's note): priced as one causal "
                  "sequence of 4096 tokens (packed-sequence attention not modeled)")
@@ -76,9 +121,11 @@ def case_toml(name, source, table, model, gpus, gbs, mbs, seq, tp, pp, vp, zero,
     step = gbs * seq / (tps * gpus)
     notes = [n for n, on in ((FINETUNE_NOTE, "sft" in name or "lora" in name), (LORA_NOTES[source], lora > 0)) if on]
     lora_lines = f'lora_rank = {lora}\nlora_targets = {LORA_TARGETS[source]}\n' if lora else ""
+    precision = f'precision = "fp8"\nfp8_recipe = "{recipe}"' if recipe else 'precision = "bf16"'
+    ep = f"ep = {EP[model]}\n" if model in EP else ""
     return f'''[case]
 name = "{name}"
-description = "{table}: {gpus} x H100 SXM, TP {tp} PP {pp} VP {vp}, GBS {gbs}, MBS {mbs}, seq {seq}, FP8 ({recipe})"
+description = "{table}: {gpus} x H100 SXM, TP {tp} PP {pp} VP {vp}, GBS {gbs}, MBS {mbs}, seq {seq}, {f'FP8 ({recipe})' if recipe else 'BF16'}"
 hardware = "h100-sxm"
 published = true
 source = "{source}, table '{table}': {tps} tokens/s/GPU"
@@ -96,9 +143,8 @@ tp = {tp}
 pp = {pp}
 pp_interleave = {vp}
 sequence_parallel = {'true' if tp > 1 else 'false'}
-zero = {zero}
-precision = "fp8"
-fp8_recipe = "{recipe}"
+{ep}zero = {zero}
+{precision}
 recompute = "none"
 framework = "megatron"
 optimizer_impl = "fused"
@@ -115,6 +161,9 @@ def main() -> None:
         folder = root / row[0]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "case.toml").write_text(case_toml(*row))
+    folder = root / "mlperf40-llama2-70b-lora-1node"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "case.toml").write_text(MLPERF_CASE)
 
 
 if __name__ == "__main__":
