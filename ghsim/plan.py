@@ -121,6 +121,9 @@ class Plan:
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
     fp8_recipe: str = ""  # FP8_RECIPES, or "" for the framework's default
+    # Megatron's --fp8-param-gather (NeMo's fp8_params): the working weights are fp8 tensors, gathered and
+    # stored in 1 byte; Transformer Engine keeps only their transposes for the step
+    fp8_params: bool = False
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -225,6 +228,8 @@ class Plan:
             parts.append("--fused-norm")
         if self.fp8_recipe:
             parts.append(f"--fp8-recipe {self.fp8_recipe}")
+        if self.fp8_params:
+            parts.append("--fp8-params")
         if self.batch_prep_s:
             parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")
         return " ".join(parts)
@@ -302,7 +307,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
-        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm"):
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
+                     "fp8_params"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
@@ -336,6 +342,9 @@ def check_plan(plan: Plan) -> None:
         )
     if plan.fp8_recipe and plan.precision != Precision.FP8:
         raise GhsimError(f"--fp8-recipe {plan.fp8_recipe} needs --precision fp8 (the plan runs {plan.precision.value})")
+    if plan.fp8_params and (plan.precision != Precision.FP8 or not plan.framework.fused_kernels):
+        raise GhsimError("--fp8-params keeps Megatron's working weights in fp8 (--fp8-param-gather): it needs "
+                         "--precision fp8 and --framework megatron")
     if plan.fp8_recipe == "delayed" and not plan.framework.fused_kernels:
         # torchao's float8 training, the eager frameworks' FP8, scales dynamically (tensorwise or rowwise)
         raise GhsimError("--fp8-recipe delayed is Transformer Engine's delayed scaling: it needs --framework megatron "

@@ -111,3 +111,25 @@ def test_published_nemo_fp8_tables_within_the_issue_target():
     assert len(errors) == len(results) >= 17
     assert np.median(errors) <= 0.10 and errors.max() <= 0.25
     assert all("peak_memory_rel" not in r.errors for r in results)  # throughput tables: no peak compared
+
+
+def test_fp8_params_store_and_gather_weights_in_one_byte():
+    """Megatron's --fp8-param-gather: 1-byte working weights (halving the ZeRO-3 gathers) and only
+    their transposes cached; refused outside Megatron fp8."""
+    plan = MEGATRON_FP8.with_(gpus=2, zero=3, global_batch=4)
+    bf16w, fp8w = step(plan), step(plan.with_(fp8_params=True))
+    assert fp8w.hbm.breakdown["params"] == pytest.approx(bf16w.hbm.breakdown["params"] / 2, rel=1e-6)
+    gathered = {r: sum(op.bytes for op in step_graph_ops(p) if op.name == "zero3.all_gather")
+                for r, p in (("bf16", plan), ("fp8", plan.with_(fp8_params=True)))}
+    assert gathered["bf16"] > 0 and gathered["fp8"] == pytest.approx(gathered["bf16"] / 2)
+    zero1 = MEGATRON_FP8.with_(gpus=2, zero=1, global_batch=4)
+    assert step(zero1.with_(fp8_params=True)).hbm.breakdown["fp8_weight_cache"] == pytest.approx(
+        step(zero1).hbm.breakdown["fp8_weight_cache"] / 2)
+    with pytest.raises(GhsimError, match="fp8-params"):
+        check_plan(plan.with_(precision=Precision.BF16, fp8_params=True))
+
+
+def step_graph_ops(plan: Plan):
+    from step_graphs import step_graph
+    from ghsim.cost.calibration import load_calibration
+    return step_graph(MODEL, H100, plan, load_calibration("h100")).ops

@@ -195,12 +195,13 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
 
 def fp8_weight_cache(plan: Plan, dp: int, stage: StageParams) -> float:
     """Transformer Engine's cached fp8 weights under `--framework megatron --precision fp8`: each
-    projection keeps its fp8 weight and fp8 transpose (1 + 1 bytes per weight) from the step's first
-    micro-batch on (graph/te_fp8.py). Under ZeRO-3 (Megatron FSDP) weights are gathered per use and
+    projection keeps its fp8 weight and fp8 transpose (1 + 1 bytes per weight; with --fp8-params the
+    weight is the parameter itself) from the step's first micro-batch on (graph/te_fp8.py). Under ZeRO-3 (Megatron FSDP) weights are gathered per use and
     nothing stays cached."""
     if plan.precision != Precision.FP8 or not plan.framework.fused_kernels or (plan.zero >= 3 and dp > 1):
         return 0.0
-    return 2.0 * stage.params * stage.layer_share
+    per_weight = 1.0 if plan.fp8_params else 2.0  # fp8 parameters: only the transposes are extra
+    return per_weight * stage.params * stage.layer_share
 
 
 def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> RankStates:

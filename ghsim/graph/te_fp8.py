@@ -79,7 +79,11 @@ class TeFp8Projections(LayerOps):
         # weights: cast and transposed on a step's first micro-batch, cached for the rest: the
         # pass priced here is that one spread over the step's micro-batches (the cache itself is
         # held all step: graph/states.fp8_weight_cache)
-        self._te_cast(f"{p.name}.fp8_cast_w", w / max(self.plan.grad_accum, 1), self.dt.param, 2, {})
+        per_microbatch = w / max(self.plan.grad_accum, 1)
+        if self.plan.fp8_params:  # fp8 weights already: only their transpose is made
+            self.mem(f"{p.name}.fp8_transpose_w", fused_variant(1, 1), 2 * per_microbatch, 1, Category.ELEMENTWISE)
+        else:
+            self._te_cast(f"{p.name}.fp8_cast_w", per_microbatch, self.dt.param, 2, {})
         out_bytes = T * p.n_out * self.dt.act
         self.gemm(p.name, T, p.n_out, p.n_in, "fp8", creates={out: out_bytes, **creates})
         keep = []

@@ -80,7 +80,7 @@ description = "MLPerf Training v4.0, NVIDIA Llama-2-70B LoRA on one DGX H100 (8 
 hardware = "h100-sxm"
 published = true
 source = "{MLPERF}"
-method = "step time = GBS / samples per second = 8 / 2.1553; the config also runs FP8 attention (FP8_DPA=1), fp8 parameters without a transpose cache (fp8_params, disable_parameter_transpose_cache) and userbuffer TP-communication overlap, none of which ghsim models (it prices bf16 attention, bf16 parameters with TE's fp8 cache, and unoverlapped TP collectives); LoRA target 'attention' = the fused QKV and output projections; adapter dropout 0.1 not priced"
+method = "step time = GBS / samples per second = 8 / 2.1553; fp8 parameters (fp8_params: --fp8-params); the config also runs FP8 attention (FP8_DPA=1), no weight-transpose cache (disable_parameter_transpose_cache) and userbuffer TP-communication overlap, which ghsim does not model (it prices bf16 attention, TE's cached transposes, and unoverlapped TP collectives); LoRA target 'attention' = the fused QKV and output projections; adapter dropout 0.1 not priced"
 
 [model]
 name = "llama-2-70b"
@@ -95,6 +95,7 @@ sequence_parallel = true
 zero = 1
 precision = "fp8"
 fp8_recipe = "delayed"
+fp8_params = true
 recompute = "none"
 framework = "megatron"
 optimizer_impl = "fused"
