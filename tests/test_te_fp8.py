@@ -64,6 +64,7 @@ def test_current_scaling_reads_each_tensor_twice_and_is_never_faster():
     fwd, _, _, _ = _layer_templates(MODEL, delayed)
     assert "te.amax_and_scale_update" in {op.name for op in fwd}  # the amax history, delayed scaling only
     assert step(MEGATRON_FP8).step_time_s == step(delayed).step_time_s  # delayed is Megatron's default
+    assert any("current (tensorwise) scaling" in n for n in step(current).notes)  # the report names the recipe
 
 
 def test_fp8_weight_cache_is_held_all_step():
