@@ -109,6 +109,15 @@ samples_per_s = 2.1553
 
 FINETUNE_NOTE = ("fine-tuning on SQuAD v1.1 packed to 4096 tokens (the table's note): priced as one causal "
                  "sequence of 4096 tokens (packed-sequence attention not modeled)")
+# the launcher's own H100 FP8 script for the 8-GPU Llama-2 7B row (the table does not link its configs)
+CONFIG_NOTES = {
+    "nemo2407-llama2-7b-pretrain": (
+        "config: github.com/NVIDIA/NeMo-Framework-Launcher examples/training/llama/h100/llama2_7b_fp8.sh "
+        "(commit 7d6e2df9d9e495b0e803da4dbbb4d4f6fc86d643: 1 node, GBS 128, fp8 hybrid) over "
+        "launcher_scripts/conf/training/llama/llama2_7b.yaml (commit 064e676963bd7632cb57f1abf575e1205dfcc390: "
+        "TP 1, PP 1, MBS 1, no activation checkpointing, distributed_fused_adam with overlapped grad and param "
+        "sync, fp8_amax_history_len 1024, max); grad_sync_dtype bf16 (ghsim reduces fp32 gradients)"),
+}
 LORA_NOTES = {  # the tables do not state the LoRA configuration: each library's default
     NEMO: ("LoRA rank 32 on the fused QKV projection: assumed, NeMo 1.x's default peft.lora_tuning "
            "(adapter_dim 32, target_modules attention_qkv)"),
@@ -120,7 +129,8 @@ LORA_TARGETS = {NEMO: '["q_proj", "k_proj", "v_proj"]', BRIDGE: '"all"'}
 
 def case_toml(name, source, table, model, gpus, gbs, mbs, seq, tp, pp, vp, zero, recipe, lora, tps) -> str:
     step = gbs * seq / (tps * gpus)
-    notes = [n for n, on in ((FINETUNE_NOTE, "sft" in name or "lora" in name), (LORA_NOTES[source], lora > 0)) if on]
+    notes = [n for n, on in ((FINETUNE_NOTE, "sft" in name or "lora" in name), (LORA_NOTES[source], lora > 0),
+                             (CONFIG_NOTES.get(name, ""), name in CONFIG_NOTES)) if on]
     lora_lines = f'lora_rank = {lora}\nlora_targets = {LORA_TARGETS[source]}\n' if lora else ""
     precision = f'precision = "fp8"\nfp8_recipe = "{recipe}"' if recipe else 'precision = "bf16"'
     ep = f"ep = {EP[model]}\n" if model in EP else ""
