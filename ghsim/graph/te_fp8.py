@@ -34,8 +34,9 @@ from ghsim.plan import Precision
 
 # the projections whose input a TE LayerNormLinear makes (the norm fused in front of the GEMM)
 NORM_FED = ("qkv_proj", "fc1", "shared_fc1")
-# TE's delayed scaling keeps this many steps of amax per fp8 tensor (NeMo's fp8_amax_history_len
-# default, nemo/collections/llm/recipes/precision/mixed_precision.py: fp8_amax_history_len=1024)
+# TE's delayed scaling keeps this many steps of amax per fp8 tensor: NeMo's Llama pretraining configs
+# (github.com/NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama2_7b.yaml at
+# 064e676: fp8_amax_history_len 1024; MLPerf's Llama-2-70B LoRA runs 32). Its cost is negligible either way.
 AMAX_HISTORY = 1024
 FP8_TENSORS_PER_PROJECTION = 3  # input, weight, output gradient
 
