@@ -19,7 +19,11 @@ Run from the repository root: python validation/published/nemo-h100/make_cases.p
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from write_cases import write_cases  # noqa: E402
 
 NEMO = ("github.com/NVIDIA/NeMo commit 9c5c5e9709407d3511005fc966e45374998bb478 "
         "docs/source/performance/performance_summary.md")
@@ -167,14 +171,8 @@ tokens_per_s_per_gpu = {tps}
 
 
 def main() -> None:
-    root = Path(__file__).parent / "cases"
-    for row in ROWS:
-        folder = root / row[0]
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "case.toml").write_text(case_toml(*row))
-    folder = root / "mlperf40-llama2-70b-lora-1node"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "case.toml").write_text(MLPERF_CASE)
+    write_cases(Path(__file__).parent,
+                {**{row[0]: case_toml(*row) for row in ROWS}, "mlperf40-llama2-70b-lora-1node": MLPERF_CASE})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ Run from the repository root: python validation/published/torchtitan-h100/make_c
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from write_cases import write_cases  # noqa: E402
 
 SOURCE = ("github.com/pytorch/torchtitan commit 820504e20d1149fbf0b98c567af24c4b0433b22d "
           "benchmarks/llama3_h100_202412_torchtitan.md")
@@ -58,11 +62,7 @@ tokens_per_s_per_gpu = {tps}
 
 
 def main() -> None:
-    root = Path(__file__).parent / "cases"
-    for row in ROWS:
-        folder = root / f"torchtitan-llama31-8b-fsdp-{row[1]}gpu"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "case.toml").write_text(case_toml(*row))
+    write_cases(Path(__file__).parent, {f"torchtitan-llama31-8b-fsdp-{row[1]}gpu": case_toml(*row) for row in ROWS})
 
 
 if __name__ == "__main__":
