@@ -102,6 +102,7 @@ def _gemma(cfg: Table, where: str) -> Table:
     if cfg.get("model_type") == "gemma2":
         d["norms_per_layer"] = 4
         _sliding(cfg, d)
+        d["sliding_window_pattern"] = "alternate"  # Gemma-2: local and global attention take turns
     return d
 
 
@@ -120,6 +121,7 @@ def _gpt_oss(cfg: Table, where: str) -> Table:
     d["bias"] = "all" if cfg.get("attention_bias", True) else "none"
     d["moe"] = _moe(cfg, where, "num_local_experts", "intermediate_size")
     _sliding(cfg, d)
+    d["sliding_window_pattern"] = "alternate"  # GPT-OSS: layer_types alternate sliding and full attention
     return d
 
 

@@ -97,6 +97,7 @@ class ModelSpec:
     qk_norm: bool = False  # Qwen3: RMSNorm of q and k per head
     rotary_fraction: float = 1.0  # Phi: rotary embedding on part of each head
     sliding_window: int = 0  # tokens; 0: full attention
+    sliding_window_pattern: str = "all"  # which layers have the window: "all", or "alternate" (Gemma-2, GPT-OSS)
     mla: MLASpec | None = None
 
     # --- parameter counts (elements); cached: the plan search asks for them per candidate --
@@ -227,8 +228,10 @@ def simulation_notes(model: ModelSpec, seq: int) -> list[str]:
     """What the simulator prices approximately for this model at sequence length `seq`."""
     notes = []
     if 0 < model.sliding_window < seq:
-        notes.append(f"{model.name}'s sliding-window attention ({model.sliding_window} tokens) is priced as "
-                     "full causal attention (an upper bound on its attention time)")
+        layers = "every layer" if model.sliding_window_pattern == "all" else "alternate layers"
+        notes.append(f"{model.name}'s sliding-window attention ({model.sliding_window} tokens, {layers}): flash "
+                     "kernels (Megatron/TE) skip the pairs outside the window; PyTorch SDPA (eager frameworks) gets "
+                     "a boolean mask from Hugging Face and computes every pair")
     if model.mlp == MlpKind.GEGLU:
         notes.append("GeGLU MLP priced with SwiGLU's kernels (same bytes and GEMMs)")
     counted_only = [what for what, present in (
@@ -295,6 +298,16 @@ _OPTIONAL = ("name", "aliases", "source", "notes", "sliding_window_pattern", "nu
 _MOE_FIELDS = ("num_experts", "experts_per_token", "expert_intermediate_size", "shared_intermediate_size",
                "dense_layers")
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+WINDOW_PATTERNS = {"all": 1.0, "alternate": 0.5}  # share of the layers with the sliding window
+
+
+def _window_pattern(d: dict[str, Any], where: str) -> str:
+    value = d.get("sliding_window_pattern", "all")
+    if value not in WINDOW_PATTERNS:
+        raise GhsimError(f"{where}: 'sliding_window_pattern' must be one of {', '.join(WINDOW_PATTERNS)}, got {value!r}")
+    return value
 
 
 def _known_fields(d: dict[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -385,6 +398,7 @@ def model_from_dict(d: dict[str, Any], where: str, default_name: str = "custom")
         qk_norm=_flag(d, "qk_norm", where),
         rotary_fraction=_fraction(d, "rotary_fraction", where, 1.0, 0.0, 1.0, closed_high=True),
         sliding_window=bounded_int(d, "sliding_window", where, MAX_SEQ, 0) if "sliding_window" in d else 0,
+        sliding_window_pattern=_window_pattern(d, where),
         mla=_mla_from(d["mla"], where) if "mla" in d else None,
     )
 

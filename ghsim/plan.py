@@ -91,7 +91,12 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # peft's default for Llama-family models (peft/utils/constants.py,
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"])
 PEFT_DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
-OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
+OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")
+# FP8 scaling recipes by Megatron-LM's names (--fp8-recipe): "delayed" (Transformer Engine's
+# DelayedScaling: scales from an amax history) and "tensorwise" (TE's Float8CurrentScaling: each
+# tensor's scale from its own amax, computed before the cast); "" is the framework's default
+# (Megatron: delayed)
+FP8_RECIPES = ("delayed", "tensorwise")  # cpu: the optimizer step runs on the host (offload)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,10 @@ class Plan:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
+    fp8_recipe: str = ""  # FP8_RECIPES, or "" for the framework's default
+    # Megatron's --fp8-param-gather (NeMo's fp8_params): the working weights are fp8 tensors, gathered and
+    # stored in 1 byte; Transformer Engine keeps only their transposes for the step
+    fp8_params: bool = False
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -217,6 +226,10 @@ class Plan:
             parts.append("--cuda-graphs")
         if self.fused_norm:
             parts.append("--fused-norm")
+        if self.fp8_recipe:
+            parts.append(f"--fp8-recipe {self.fp8_recipe}")
+        if self.fp8_params:
+            parts.append("--fp8-params")
         if self.batch_prep_s:
             parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")
         return " ".join(parts)
@@ -294,7 +307,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
-        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm"):
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
+                     "fp8_params"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
@@ -302,7 +316,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
-        elif key == "optimizer_impl":
+        elif key in ("optimizer_impl", "fp8_recipe"):
             kw[key] = str(value)
         elif key == "optimizer" and value != "adamw":
             raise GhsimError(f"{where}: only the AdamW optimizer is modeled, got {value!r}")
@@ -326,6 +340,15 @@ def check_plan(plan: Plan) -> None:
         raise GhsimError(
             f"--gpus {plan.gpus} is not divisible by tp*pp = {plan.tp}*{plan.pp} = {plan.tp * plan.pp}"
         )
+    if plan.fp8_recipe and plan.precision != Precision.FP8:
+        raise GhsimError(f"--fp8-recipe {plan.fp8_recipe} needs --precision fp8 (the plan runs {plan.precision.value})")
+    if plan.fp8_params and (plan.precision != Precision.FP8 or not plan.framework.fused_kernels):
+        raise GhsimError("--fp8-params keeps Megatron's working weights in fp8 (--fp8-param-gather): it needs "
+                         "--precision fp8 and --framework megatron")
+    if plan.fp8_recipe == "delayed" and not plan.framework.fused_kernels:
+        # torchao's float8 training, the eager frameworks' FP8, scales dynamically (tensorwise or rowwise)
+        raise GhsimError("--fp8-recipe delayed is Transformer Engine's delayed scaling: it needs --framework megatron "
+                         "(the eager frameworks' FP8, torchao float8, scales each tensor dynamically: tensorwise)")
     if plan.global_batch and plan.global_batch % (plan.dp * plan.micro_batch):
         raise GhsimError(
             f"--global-batch {plan.global_batch} is not a multiple of data-parallel ranks x micro-batch "
@@ -350,6 +373,8 @@ def check_values(plan: Plan) -> None:
         raise GhsimError(f"the CPU optimizer's share of the cores must lie in [0, 1], got {plan.cpu_cores_share}")
     if not 0.0 <= plan.offload_ratio <= 1.0:
         raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
+    if plan.fp8_recipe and plan.fp8_recipe not in FP8_RECIPES:
+        raise GhsimError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8_recipe!r}")
     if plan.optimizer_impl not in OPTIMIZER_IMPLS:
         raise GhsimError(
             f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {plan.optimizer_impl!r}"

@@ -103,6 +103,12 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--fused-norm", is_flag=True, default=None,
                      help="Eager frameworks: RMSNorm as torch.nn.RMSNorm runs it (one fused kernel each way, "
                           "saving the input and 1/rms) instead of Hugging Face's LlamaRMSNorm."),
+        click.option("--fp8-recipe", type=click.Choice(["delayed", "tensorwise"]), default=None,
+                     help="With --precision fp8 under --framework megatron (Transformer Engine): delayed scaling "
+                          "from an amax history (default) or tensorwise current scaling (each tensor's amax first)."),
+        click.option("--fp8-params", is_flag=True, default=None,
+                     help="With --precision fp8 under --framework megatron: fp8 working weights, stored and gathered "
+                          "in 1 byte (Megatron's --fp8-param-gather, NeMo's fp8_params)."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
@@ -132,7 +138,8 @@ FLAG_TO_FIELD = {
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
-    "grad_clip": "grad_clip", "fused_norm": "fused_norm",
+    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "fp8_recipe": "fp8_recipe",
+    "fp8_params": "fp8_params",
 }
 
 

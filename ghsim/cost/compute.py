@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
-from ghsim.cost.library_overheads import sdpa_fallback_rate, zero3_hook_seconds
+from ghsim.cost.library_overheads import sdpa_fallback_rate, sdpa_mask_over_causal_time, zero3_hook_seconds
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
-from ghsim.graph.flops import gemm_flops
+from ghsim.graph.flops import gemm_flops, window_pair_fraction
+from ghsim.graph.layer_ops import MASKED_SDPA
 from ghsim.graph.offload.ops import SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
@@ -127,10 +128,14 @@ class CostModel:
         floor = max(self.membound_time(op.bytes, "copy"), op.flops / self.hw.peak_flops[op.dtype])
         return max(self.gemm_time(m, n, k, op.dtype), floor)
 
-    def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool, dtype: str = "bf16") -> float:
+    def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool, dtype: str = "bf16",
+                       variant: str = "") -> float:
         """SDPA as PyTorch runs it by default: cuDNN/flash in bf16; in fp32 the memory-efficient
-        kernel, or the math path for GQA (the calibration's rows carry that)."""
-        batch, heads, kv_heads, seq, head_dim = shape
+        kernel, or the math path for GQA (the calibration's rows carry that). `flops` is the work
+        of the allowed query-key pairs (a sliding window's, graph/layer_ops.attention_call)."""
+        batch, heads, kv_heads, seq, head_dim = shape[:5]
+        if variant == MASKED_SDPA:
+            flops *= masked_window_factor(shape)
         tables = self.cal.attention_bwd if backward else self.cal.attention_fwd
         dtype = "fp32" if dtype in ("fp32", "tf32") and "fp32" in tables else "bf16"
         eff = tables[dtype].query(attention_features(seq, batch * heads, head_dim, kv_heads != heads))
@@ -197,6 +202,15 @@ class CostModel:
         return price(self, op)
 
 
+def masked_window_factor(shape: tuple[int, ...]) -> float:
+    """Time of a windowed attention call given as a boolean mask (PyTorch SDPA under Hugging Face)
+    over that of its allowed pairs' work at the causal rate: the window's layers cost the measured
+    masked-call time (every pair computed) instead of their windowed share of the causal time."""
+    seq, window, share = shape[3], shape[5], shape[6]
+    windowed = window_pair_fraction(seq, window)
+    return (1.0 - share + share * sdpa_mask_over_causal_time()) / (1.0 - share + share * windowed)
+
+
 # cuDNN's and the memory-efficient SDPA kernels take head dimensions that are multiples of 8
 # (measured: validation/microbench/issue15/h100-microbench15.json "sdpa", head dim 100: both
 # backends "No available kernel"; 64, 80, 96, 128 and 256 run)
@@ -224,8 +238,10 @@ def _um_migrate(cm: CostModel, op: Op) -> float:
 # How each kind of op is priced (a table rather than a chain of comparisons: see _GPU_STREAM).
 _PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
     Kind.GEMM: _gemm,
-    Kind.ATTN_FWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype),
-    Kind.ATTN_BWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype),
+    Kind.ATTN_FWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype,
+                                                    variant=op.variant),
+    Kind.ATTN_BWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype,
+                                                    variant=op.variant),
     Kind.MEMBOUND: lambda cm, op: cm.membound_time(op.bytes, op.variant),
     Kind.OPT_GPU: lambda cm, op: cm.optimizer_gpu_time(op.params, op.variant),
     Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant),

@@ -20,6 +20,11 @@ def sdpa_fallback_rate() -> float:
     return _figure("pytorch_sdpa", "fallback_rate")
 
 
+def sdpa_mask_over_causal_time() -> float:
+    """PyTorch SDPA with a boolean attention mask (every pair computed) over the same call with is_causal."""
+    return _figure("pytorch_sdpa", "mask_over_causal_time")
+
+
 def zero3_hook_seconds() -> tuple[float, float]:
     """DeepSpeed ZeRO-3's host seconds per module with parameters: (forward, backward)."""
     return _figure("deepspeed_zero3", "hook_fwd_s"), _figure("deepspeed_zero3", "hook_bwd_s")

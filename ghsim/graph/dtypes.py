@@ -44,14 +44,16 @@ class Dtypes:
             return Dtypes(p.value, 4, 4, 4, 4, False)
         half = "fp16" if p == Precision.FP16 else "bf16"
         gemm = "fp8" if p == Precision.FP8 else half
-        if plan.lora_rank:  # frozen base stored in half precision; adapters fp32
-            return Dtypes(gemm, 2, 2, 2, 4, False)
+        if plan.lora_rank:  # frozen base stored in half precision (fp8 with --fp8-params); adapters fp32
+            return Dtypes(gemm, 2, 2, 1 if plan.fp8_params else 2, 4, False)
         if plan.framework == Framework.TORCH_AMP:
             return Dtypes(gemm, 2, 4, 4, 4, True)
-        if plan.framework.fused_kernels and p == Precision.BF16:
+        if plan.framework.fused_kernels and p in (Precision.BF16, Precision.FP8):
             # Megatron accumulates (and all-reduces) bf16 gradients in fp32 main_grad buffers
-            # (megatron/training/arguments.py: bf16 sets accumulate_allreduce_grads_in_fp32)
-            return Dtypes(gemm, 2, 2, 2, 4, False)
+            # (megatron/training/arguments.py: bf16 sets accumulate_allreduce_grads_in_fp32; fp8 runs
+            # with bf16 too); --fp8-params: 1-byte working weights (the embedding and LM head, bf16 in
+            # Megatron, are counted at 1 byte too: a small undercount)
+            return Dtypes(gemm, 2, 2, 1 if plan.fp8_params else 2, 4, False)
         return Dtypes(gemm, 2, 2, 2, 2, False)
 
 

@@ -12,7 +12,6 @@ Fused kernels (Framework.MEGATRON) are graph/fused_layer.py.
 from __future__ import annotations
 
 from ghsim.graph.dtypes import dtyped
-from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.graph.kernels import (
     RMSNORM_BWD_KERNELS,
     RMSNORM_FWD_KERNELS,
@@ -59,11 +58,10 @@ class EagerLayer(LayerOps):
                  creates={"q_rot": T * q * act, "k_rot": T * kv * act}, frees=["q", "k"], transient=T * (q + kv) * act)
         # flash attention keeps q, k, v, its output and the log-sum-exp
         lse = b * m.num_attention_heads * seq * 4
-        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        shape, flops, variant = self.attention_call(backward=False)
         selective = self.plan.recompute == Recompute.SELECTIVE
         attn = Op(name="flash_attn", category=Category.ATTENTION, kind=Kind.ATTN_FWD, resource=Resource.GPU,
-                  dtype=self.attn_dtype,
-                  flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+                  dtype=self.attn_dtype, flops=flops, shape=shape, variant=variant)
         self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
         kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
         self.release(["q_rot", "k_rot", "v", "o"] + ([] if selective else ["lse"]))
@@ -140,15 +138,15 @@ class EagerLayer(LayerOps):
                  creates={"g_attn_out": Tn * h * act})
         g_attn_out = self.gathered_grad("g_attn_out", T * h * act)
         self.projection_bwd(self.o_proj, g_attn_out, "g_o", kept["o_proj"])
-        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        shape, flops, variant = self.attention_call(backward=False)
         if self.plan.recompute == Recompute.SELECTIVE:
             recompute = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
-                           resource=Resource.GPU, dtype=self.attn_dtype,
-                           flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+                           resource=Resource.GPU, dtype=self.attn_dtype, flops=flops, shape=shape, variant=variant)
             self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act, Phase.RECOMPUTE)
+        shape, flops, variant = self.attention_call(backward=True)
         bwd = Op(name="flash_attn.bwd", category=Category.ATTENTION, kind=Kind.ATTN_BWD, resource=Resource.GPU,
                  dtype=self.attn_dtype, kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
-                 flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+                 flops=flops, shape=shape, variant=variant)
         self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
         self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, Category.ELEMENTWISE,

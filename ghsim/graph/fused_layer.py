@@ -25,15 +25,15 @@ from __future__ import annotations
 
 
 from ghsim.graph.dtypes import fused_variant
-from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.graph.kernels import FUSED_ROPE_KERNELS, sdpa_backward_kernels
-from ghsim.graph.layer_ops import LayerOps
+from ghsim.graph.te_fp8 import TeFp8Projections
 from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
 from ghsim.plan import Precision, Recompute
 
 
-class FusedLayer(LayerOps):
-    """The fused-kernel forward and backward of one layer (Framework.MEGATRON)."""
+class FusedLayer(TeFp8Projections):
+    """The fused-kernel forward and backward of one layer (Framework.MEGATRON); its fp8
+    projections are Transformer Engine's (graph/te_fp8.py)."""
 
     def fused_op(self, name: str, nbytes: float, inputs: int, category: Category, creates=None, frees=None,
               kernels: int = 1, transient: float = 0.0) -> Op:
@@ -58,7 +58,8 @@ class FusedLayer(LayerOps):
         m, dt, T = self.m, self.dt, self.T
         h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
         rs, act, Tn = dt.residual, dt.act, self.Tn
-        fp8 = self.plan.precision == Precision.FP8
+        # fp8: only the projections' fp8 copies of their inputs are kept (LoRA's adapters read the 16-bit one)
+        fp8 = self.plan.precision == Precision.FP8 and not self.plan.lora_rank
         kept: dict[str, list[str]] = {}
 
         self._fused_norm_fwd("input_norm", "n1", rs, Tn)
@@ -100,12 +101,15 @@ class FusedLayer(LayerOps):
         self.fused_op("swiglu" if len(self.mlp_in) == 2 else "gelu", ff_in + ff, 1, Category.ELEMENTWISE,
                       creates={"act": ff})
         kept["down_proj"] = self.projection_fwd(self.down, "act", act, "mlp_out")
+        if fp8:  # the activation's backward reads fc1's output; the down projection kept its fp8 input
+            self.ops[-1] = self.t.free(self.ops[-1], ["act"])
         self.release(["fc1", "act"])
         self.moe_combine_fwd()
         self._shared_experts_fused_fwd(kept)
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
         self._fused_residual_fwd("mlp_residual", mlp_out, "x_next", "drop2.mask")
         self.release(["h1"])
+        self.amax_update(4 + (2 if self.shared_in else 0))  # qkv, o, fc1, down (+ the shared experts')
         if not save:
             for names in kept.values():
                 self.ops[-1] = self.t.free(self.ops[-1], [n for n in names if n in self.t.live])
@@ -148,16 +152,14 @@ class FusedLayer(LayerOps):
         recompute = phase == Phase.RECOMPUTE
         if self.plan.framework.flash_attention:
             lse = b * m.num_attention_heads * seq * 4
-            shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+            shape, flops, variant = self.attention_call(backward=False)
             if recompute:
                 op = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
-                        resource=Resource.GPU, dtype=self.attn_dtype, shape=shape,
-                        flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim))
+                        resource=Resource.GPU, dtype=self.attn_dtype, shape=shape, flops=flops, variant=variant)
                 self._emit(op, {"lse": lse}, None, T * q * act, Phase.RECOMPUTE)
                 return
             attn = Op(name="flash_attn", category=Category.ATTENTION, kind=Kind.ATTN_FWD, resource=Resource.GPU,
-                      dtype=self.attn_dtype,
-                      flops=attention_fwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+                      dtype=self.attn_dtype, flops=flops, shape=shape, variant=variant)
             self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
             return
         B, S, s2 = self._attention_dims()
@@ -190,11 +192,11 @@ class FusedLayer(LayerOps):
         if self.plan.framework.flash_attention:
             if selective:
                 self._attention_core_fwd(Phase.RECOMPUTE)
-            shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+            shape, flops, variant = self.attention_call(backward=True)
             # flash attention's backward writes dq, dk, dv into one buffer
             bwd = Op(name="flash_attn.bwd", category=Category.ATTENTION, kind=Kind.ATTN_BWD, resource=Resource.GPU,
                      dtype=self.attn_dtype, kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
-                     flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
+                     flops=flops, shape=shape, variant=variant)
             self._emit(bwd, {"g_qkv": T * (q + 2 * kv) * act}, ["g_o", "o", "lse", "qkv", *rotated], T * q * 4)
             if rotated:  # fused rotary backward, in place on dq and dk
                 self.fused_op("rope.bwd", 2 * T * (q + kv) * act, 1, Category.ELEMENTWISE, kernels=FUSED_ROPE_KERNELS)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.graph.dtypes import Dtypes, dtyped
+from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops, window_pair_fraction
 from ghsim.graph.kernels import COMPOSITE_SPLITS, FP8_QUANT_KERNELS
 from ghsim.graph.ops import Category, Collective, Kind, Op, Phase, Resource
 from ghsim.graph.tensors import Tensors
-from ghsim.model import ModelSpec
+from ghsim.model import WINDOW_PATTERNS, ModelSpec
 from ghsim.plan import Plan, Precision
 
 
@@ -39,6 +40,9 @@ _LORA_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "fc1": ("gate_proj", 
                "expert_gate": ("gate_proj",), "expert_up": ("up_proj",), "expert_down": ("down_proj",),
                "shared_gate": ("gate_proj",), "shared_up": ("up_proj",), "shared_down": ("down_proj",),
                "shared_fc1": ("gate_proj", "up_proj")}
+
+
+MASKED_SDPA = "masked"  # an attention op whose window reaches SDPA as a boolean mask
 
 
 def lora_targeted(plan: Plan, projection: str) -> bool:
@@ -100,6 +104,24 @@ class LayerOps:
         self.ops: list[Op] = []
         self.phase = Phase.FWD
         self.save = True
+
+    # --- attention ---------------------------------------------------------------------
+    def attention_call(self, backward: bool) -> tuple[tuple[int, ...], float, str]:
+        """(shape, FLOPs, variant) of one attention kernel call (SDPA or flash), forward or backward.
+
+        A sliding window shorter than the sequence does only the allowed pairs' work (on the layers
+        that have it: all, or alternate ones). Flash kernels with a window (Megatron/Transformer
+        Engine) skip the rest; PyTorch SDPA under Hugging Face gets a boolean mask instead
+        (variant MASKED_SDPA) and computes every pair (cost/compute.attention_time). The shape
+        carries the window and the share of layers with it for that pricing."""
+        m, b, seq = self.m, self.plan.micro_batch, self.plan.seq
+        shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
+        flops = (attention_bwd_flops if backward else attention_fwd_flops)(b, m.num_attention_heads, seq, m.head_dim)
+        if not 0 < m.sliding_window < seq:
+            return shape, flops, ""
+        share = WINDOW_PATTERNS[m.sliding_window_pattern]
+        work = 1.0 - share + share * window_pair_fraction(seq, m.sliding_window)
+        return (*shape, m.sliding_window, share), flops * work, "" if self.fused else MASKED_SDPA
 
     # --- op constructors --------------------------------------------------------------
     def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float,
@@ -263,12 +285,34 @@ class LayerOps:
             keep.remove(f"{p.name}.x16")
             self.ops[-1] = self.t.free(self.ops[-1], [f"{p.name}.x16"])
         if lora:
-            self.gemm(f"{p.name}.lora_a", T, lora, p.n_in, dt.gemm, creates={f"{p.name}.xa": T * lora * dt.act})
-            self.gemm(f"{p.name}.lora_b", T, p.n_out, lora, dt.gemm, transient=out_bytes)
-            # scale-and-add, plus autocast's casts of the two fp32 adapters
-            self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, Category.ELEMENTWISE, transient=out_bytes)
-            keep.append(f"{p.name}.xa")
+            keep += self.lora_fwd(p, lora, T, out_bytes)
         return keep  # (the input itself is the caller's to keep)
+
+    @property
+    def adapter_dtype(self) -> str:
+        """LoRA adapters run in 16 bits, also beside fp8 base GEMMs (NeMo's fp8 LoRA)."""
+        return "bf16" if self.dt.gemm == "fp8" else self.dt.gemm
+
+    def lora_fwd(self, p: Projection, lora: int, T: int, out_bytes: float) -> list[str]:
+        """The adapter beside projection `p`: x A, then (x A) B added to the output; keeps x A."""
+        dt, gemm = self.dt, self.adapter_dtype
+        self.gemm(f"{p.name}.lora_a", T, lora, p.n_in, gemm, creates={f"{p.name}.xa": T * lora * dt.act})
+        self.gemm(f"{p.name}.lora_b", T, p.n_out, lora, gemm, transient=out_bytes)
+        # scale-and-add, plus autocast's casts of the two fp32 adapters
+        self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, Category.ELEMENTWISE, transient=out_bytes)
+        return [f"{p.name}.xa"]
+
+    def lora_bwd(self, p: Projection, lora: int, T: int, gin: float) -> None:
+        """The adapter's gradients (fp32) and its share of the input gradient."""
+        dt, gemm = self.dt, self.adapter_dtype
+        self.gemm(f"{p.name}.lora_b.wgrad", p.n_out, lora, T, gemm)
+        self.gemm(f"{p.name}.lora_b.dgrad", T, lora, p.n_out, gemm, transient=T * lora * dt.act)
+        self.gemm(f"{p.name}.lora_a.wgrad", lora, p.n_in, T, gemm)
+        self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, gemm, transient=gin)
+        self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, Category.ELEMENTWISE)
+        adapter = lora * (p.n_in + p.n_out)
+        self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, Category.ELEMENTWISE,
+                 creates={f"grad.{p.name}": adapter * 4})
 
     def projection_bwd(self, p: Projection, grad_out: str, grad_in: str, kept: list[str],
                        free_grad: bool = True) -> None:
@@ -287,14 +331,7 @@ class LayerOps:
             self.mem(f"{p.name}.fp8_transpose", "fp8_transpose", 2 * moved, 3, Category.ELEMENTWISE, transient=moved)
         self.gemm(f"{p.name}.dgrad", T, p.n_in, p.n_out, dt.gemm, creates={grad_in: gin})
         if lora:
-            self.gemm(f"{p.name}.lora_b.wgrad", p.n_out, lora, T, dt.gemm)
-            self.gemm(f"{p.name}.lora_b.dgrad", T, lora, p.n_out, dt.gemm, transient=T * lora * dt.act)
-            self.gemm(f"{p.name}.lora_a.wgrad", lora, p.n_in, T, dt.gemm)
-            self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, dt.gemm, transient=gin)
-            self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, Category.ELEMENTWISE)
-            adapter = lora * (p.n_in + p.n_out)
-            self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, Category.ELEMENTWISE,
-                     creates={f"grad.{p.name}": adapter * 4})
+            self.lora_bwd(p, lora, T, gin)
         elif frozen:
             pass  # a frozen projection without an adapter: its input gradient only
         else:

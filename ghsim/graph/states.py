@@ -26,7 +26,7 @@ from ghsim.errors import GhsimError
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
-from ghsim.plan import Framework, Plan
+from ghsim.plan import Framework, Plan, Precision
 
 ADAMW_MOMENTS = 8.0  # exp_avg and exp_avg_sq, fp32
 
@@ -193,6 +193,17 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
     return 0.0
 
 
+def fp8_weight_cache(plan: Plan, dp: int, stage: StageParams) -> float:
+    """Transformer Engine's cached fp8 weights under `--framework megatron --precision fp8`: each
+    projection keeps its fp8 weight and fp8 transpose (1 + 1 bytes per weight; with --fp8-params the
+    weight is the parameter itself) from the step's first micro-batch on (graph/te_fp8.py). Under ZeRO-3 (Megatron FSDP) weights are gathered per use and
+    nothing stays cached."""
+    if plan.precision != Precision.FP8 or not plan.framework.fused_kernels or (plan.zero >= 3 and dp > 1):
+        return 0.0
+    per_weight = 1.0 if plan.fp8_params else 2.0  # fp8 parameters: only the transposes are extra
+    return per_weight * stage.params * stage.layer_share
+
+
 def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> RankStates:
     """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state and
     `setup` (the plan's offload, resolved once by the caller) moving part of it to the host."""
@@ -202,6 +213,9 @@ def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) ->
     buckets = comm_buckets(plan, dp, stage.trainable)
     if buckets:
         hbm["comm_buckets"] = buckets
+    cache = fp8_weight_cache(plan, dp, stage)
+    if cache:
+        hbm["fp8_weight_cache"] = cache
     return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params))
 
 

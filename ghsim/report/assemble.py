@@ -237,11 +237,22 @@ def _offload_extra(plan: Plan, setup: OffloadSetup, hw: Hardware, runs, kind_of,
     return {"offload": section}
 
 
+def _fp8_note(plan: Plan) -> list[str]:
+    """Which FP8 a Megatron plan was priced as (graph/te_fp8.py): the user reads whether it is their recipe."""
+    if plan.precision.value != "fp8" or not plan.framework.fused_kernels:
+        return []
+    scaling = ("current (tensorwise) scaling: each tensor's amax read before its cast" if plan.fp8_recipe == "tensorwise"
+               else "delayed scaling from an amax history (--fp8-recipe tensorwise: current scaling)")
+    weights = "fp8 parameters, their transposes cached" if plan.fp8_params else "weights cast to fp8 once per step and cached"
+    return [f"fp8 as Transformer Engine runs it: fused cast+transpose kernels, {scaling}; {weights}; "
+            "attention and the LM head in bf16"]
+
+
 def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
     host_note = [_host_note(setup, hw, host)] if setup.optimizer and setup.cpu_share > 0 else []
     if layout.gpus == 1:
-        return _one_gpu_notes(plan) + host_note
-    notes = host_note + [f"precision semantics: {plan.framework.value}",
+        return _one_gpu_notes(plan) + _fp8_note(plan) + host_note
+    notes = host_note + _fp8_note(plan) + [f"precision semantics: {plan.framework.value}",
              f"parallel layout: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}"
              + (f" (ep {layout.ep})" if layout.ep > 1 else "")
              + f" on {layout.nodes} node(s) of {layout.gpus_per_node} GPUs; one rank per pipeline stage simulated",

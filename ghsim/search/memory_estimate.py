@@ -83,6 +83,7 @@ class MemoryEstimate:
 
 # what graph/states.py puts on HBM before the step, and the gradients and optimizer temporaries
 STATE_PARTS = ("params", "master_params", "optimizer_states", "grad_partition", "grads", "comm_buckets",
+               "fp8_weight_cache",
                "optimizer_temp")
 
 
@@ -115,7 +116,11 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     saved += (n_mlp_in + (2 if ep == 1 else 1)) * Tm * f * act
     copies = 0.0
     for tokens, n_in, n_out, e, from_norm in projs:
-        if fp8:
+        if fp8 and plan.framework.fused_kernels:
+            # Transformer Engine: one fp8 copy of the input (its transpose, for the weight gradient);
+            # the fp8 weights are a cache held all step (graph/states.fp8_weight_cache)
+            saved += tokens * n_in
+        elif fp8:
             # fp8 input and weight kept for backward (the simulator quantises one expert's weight)
             saved += tokens * n_in + n_in * n_out
         elif casts:

@@ -92,7 +92,11 @@ def load_case(folder: Path, defaults: dict[str, float]) -> Case:
     for key in ("name", "hardware"):
         if key not in c:
             raise GhsimError(f"{where}: [case] lacks '{key}'")
+    # a published table may give throughput only: its case states no peak, and none is compared
+    optional = ("peak_allocated_bytes",) if _published(c, where) else ()
     for key in ("step_time_s", "peak_allocated_bytes"):
+        if key in optional and key not in measured:
+            continue
         v = measured.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise GhsimError(f"{where}: [measured] '{key}' must be a positive number")
@@ -175,8 +179,9 @@ def run_case(case: Case, with_trace: bool = True) -> CaseResult:
     model = (load_model(case.model_table["name"]) if set(case.model_table) == {"name"}
              else model_from_dict(case.model_table, str(case.folder / "case.toml"), case.name))
     hw = case_hardware(case)
-    measured = {"step_time_s": float(case.measured["step_time_s"]),
-                "peak_memory_bytes": float(case.measured["peak_allocated_bytes"])}
+    measured = {"step_time_s": float(case.measured["step_time_s"])}
+    if "peak_allocated_bytes" in case.measured:
+        measured["peak_memory_bytes"] = float(case.measured["peak_allocated_bytes"])
     stored_utilization = case.measured.get("gpu_utilization")
     if stored_utilization and case.trace is None:  # measured over the timed step itself
         measured["gpu_utilization"] = float(stored_utilization)
@@ -190,8 +195,9 @@ def run_case(case: Case, with_trace: bool = True) -> CaseResult:
         return CaseResult(case, "skipped", str(e), measured)
     predicted = {"step_time_s": report.step_time_s, "peak_memory_bytes": report.hbm.peak_bytes,
                  "gpu_utilization": report.gpu_utilization}
-    errors = {"step_time_rel": report.step_time_s / measured["step_time_s"] - 1,
-              "peak_memory_rel": report.hbm.peak_bytes / measured["peak_memory_bytes"] - 1}
+    errors = {"step_time_rel": report.step_time_s / measured["step_time_s"] - 1}
+    if "peak_memory_bytes" in measured:
+        errors["peak_memory_rel"] = report.hbm.peak_bytes / measured["peak_memory_bytes"] - 1
     if with_trace and case.trace is not None:
         shares, busy_per_step = measured_kernel_shares(case.trace)
         if busy_per_step is not None:
@@ -270,10 +276,11 @@ def render(results: list[CaseResult]) -> str:
                 else f"   -/{p['gpu_utilization']:.2f}")
         share = f"{e['kernel_share_abs']:.2f}" if "kernel_share_abs" in e else "-"
         status = "ok" if r.status == "ok" else "FAIL " + ",".join(r.failed)
+        peak = (f"{m['peak_memory_bytes'] / 1e9:8.2f}/{p['peak_memory_bytes'] / 1e9:8.2f}  {e['peak_memory_rel']:+6.1%}"
+                if "peak_memory_bytes" in m else f"       -/{p['peak_memory_bytes'] / 1e9:8.2f}        -")
         lines.append(
             f"{r.case.name:<44} {m['step_time_s'] * 1e3:8.1f}/{p['step_time_s'] * 1e3:8.1f}  {e['step_time_rel']:+6.1%}"
-            f" {m['peak_memory_bytes'] / 1e9:8.2f}/{p['peak_memory_bytes'] / 1e9:8.2f}  {e['peak_memory_rel']:+6.1%}"
-            f" {util:>15} {share:>6}  {status}")
+            f" {peak} {util:>15} {share:>6}  {status}")
     s = summary(results)
     lines.append("")
     for key, label in (("step_time_rel", "step time"), ("peak_memory_rel", "peak memory"),
