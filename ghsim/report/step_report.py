@@ -205,9 +205,11 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
     for i, op in enumerate(tl.ops):
         s, e = tl.schedule.start[i] * 1e6, tl.schedule.end[i] * 1e6
         if e > s:
+            args = {"layer": tl.layer[i], "phase": op.phase, "flops": op.flops, "bytes": op.bytes}
+            if tl.lead_gap is not None and tl.lead_gap[i] > 0:  # the idle launch gap before its kernels
+                args["launch_gap_us"] = float(tl.lead_gap[i]) * 1e6
             events.append({"ph": "X", "name": op.name, "cat": op.category, "pid": 1, "tid": tids[op.resource],
-                           "ts": s, "dur": e - s,
-                           "args": {"layer": tl.layer[i], "phase": op.phase, "flops": op.flops, "bytes": op.bytes}})
+                           "ts": s, "dur": e - s, "args": args})
         if tl.layer[i] >= 0:
             key = (tl.microbatch[i], op.phase, tl.layer[i])
             span = ranges.setdefault(key, [s, e])
