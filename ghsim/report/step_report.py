@@ -208,6 +208,8 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
             args = {"layer": tl.layer[i], "phase": op.phase, "flops": op.flops, "bytes": op.bytes}
             if tl.lead_gap is not None and tl.lead_gap[i] > 0:  # the idle launch gap before its kernels
                 args["launch_gap_us"] = float(tl.lead_gap[i]) * 1e6
+            if op.split:  # a composite op's kernels by category (e.g. an eager RMSNorm's elementwise passes)
+                args["split"] = {str(c): part for c, part in op.split}
             events.append({"ph": "X", "name": op.name, "cat": op.category, "pid": 1, "tid": tids[op.resource],
                            "ts": s, "dur": e - s, "args": args})
         if tl.layer[i] >= 0:

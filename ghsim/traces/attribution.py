@@ -9,6 +9,8 @@ timeline (ghsim's own Chrome trace), so the two sides are computed alike.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -143,8 +145,18 @@ def measured_breakdown(trace: ev.TraceData, steps: str | None = None, nvtx: str 
         notes.append("no ProfilerStep ranges: the whole trace is taken as one step")
     n = max(1, len(window.step_times_s)) if not window.whole_trace else 1
     chosen = device if device is not None else _busiest(trace, window)
-    return breakdown(measured_events(trace, chosen, window.pieces), window.pieces, n,
+    return breakdown(measured_events(trace, chosen, _step_windows(trace, window)), window.pieces, n,
                      f"{trace.source} ({window.label}, device {chosen})", tuple(notes))
+
+
+def _step_windows(trace: ev.TraceData, window: Window) -> np.ndarray:
+    """Each ProfilerStep inside the window on its own (phases are read step by step), else the window."""
+    st = trace.steps
+    if window.whole_trace or st.empty:
+        return window.pieces
+    s, e = st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)
+    inside = iv.in_windows(s, window.pieces)
+    return np.stack([s[inside], e[inside]], axis=1) if inside.any() else window.pieces
 
 
 def _busiest(trace: ev.TraceData, window: Window) -> int:
@@ -156,12 +168,16 @@ def _busiest(trace: ev.TraceData, window: Window) -> int:
 
 # -- ghsim's own timeline -------------------------------------------------------------
 
+_KERNEL_NAMES = {str(c) for c in KERNEL_CATEGORIES}
 _HOST_RESOURCES = {"cpu", "loader", "host", "mem", "host issue", "layers"}
 
 
+_STAGE_TRACK = re.compile(r"^(?:gpu|p2p)(\d+)")  # a pipeline timeline's per-stage tracks: gpu0, p2p0>1
+
+
 def _device_of(resource: str) -> int:
-    digits = "".join(ch if ch.isdigit() else " " for ch in resource).split()
-    return int(digits[0]) if digits else 0
+    m = _STAGE_TRACK.match(resource)
+    return int(m.group(1)) if m else 0
 
 
 def simulated_events(chrome: Mapping[str, Any], source: str) -> tuple[pd.DataFrame, float]:
@@ -179,7 +195,7 @@ def simulated_events(chrome: Mapping[str, Any], source: str) -> tuple[pd.DataFra
     tracks = {e.get("tid"): str(e.get("args", {}).get("name")) for e in events
               if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name"}
     rows = []
-    kernel_cats = {str(c) for c in KERNEL_CATEGORIES}
+    kernel_cats = _KERNEL_NAMES
     copy_cats = {str(Category.MEMCPY), str(Category.UM)}
     try:
         for e in events:
@@ -193,13 +209,29 @@ def simulated_events(chrome: Mapping[str, Any], source: str) -> tuple[pd.DataFra
             start = float(e["ts"]) + float(args.get("launch_gap_us", 0.0))  # the launch gap is idle
             end = float(e["ts"]) + float(e["dur"])
             phase = "" if cat in copy_cats else mt.SIMULATED_PHASE.get(str(args.get("phase", "")), mt.FWD)
-            rows.append((start, max(start, end), mt.COPIES if cat in copy_cats else cat, phase, str(e.get("name"))))
+            name, end = str(e.get("name")), max(start, end)
+            # a composite op runs its kernels' categories one after another, in these parts
+            span = end - start
+            for part_cat, part in _parts(args.get("split"), mt.COPIES if cat in copy_cats else cat):
+                rows.append((start, start + span * part, part_cat, phase, name))
+                start += span * part
     except (KeyError, TypeError, ValueError) as err:
         raise GhsimError(f"{source}: malformed event in the timeline ({str(err)[:120]})") from None
     df = pd.DataFrame(rows, columns=list(_COLUMNS))
     for col in ("start_ns", "end_ns"):
         df[col] = np.round(df[col].astype(float) * 1e3).astype(np.int64)
     return df, float(step)
+
+
+def _parts(split: Any, category: str) -> list[tuple[str, float]]:
+    """An op's (category, fraction) parts: its split when it has one, else all of it."""
+    if not isinstance(split, Mapping) or not split:
+        return [(category, 1.0)]
+    parts = [(str(c), float(f)) for c, f in split.items()]
+    total = sum(f for _, f in parts)
+    if not all(c in _KERNEL_NAMES for c, _ in parts) or not total > 0:
+        raise ValueError(f"bad split {dict(split)!r:.80}")
+    return [(c, f / total) for c, f in parts]
 
 
 def simulated_breakdown(chrome: Mapping[str, Any], source: str) -> StepBreakdown:
