@@ -169,6 +169,7 @@ def _busiest(trace: ev.TraceData, window: Window) -> int:
 # -- ghsim's own timeline -------------------------------------------------------------
 
 _KERNEL_NAMES = {str(c) for c in KERNEL_CATEGORIES}
+_LIMIT_US = 1e15  # about 30 years: keeps nanoseconds inside int64
 _HOST_RESOURCES = {"cpu", "loader", "host", "mem", "host issue", "layers"}
 
 
@@ -192,12 +193,12 @@ def simulated_events(chrome: Mapping[str, Any], source: str) -> tuple[pd.DataFra
     events = chrome.get("traceEvents")
     if not isinstance(events, list):
         raise GhsimError(f"{source}: traceEvents is not an array")
-    tracks = {e.get("tid"): str(e.get("args", {}).get("name")) for e in events
-              if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name"}
     rows = []
     kernel_cats = _KERNEL_NAMES
     copy_cats = {str(Category.MEMCPY), str(Category.UM)}
     try:
+        tracks = {e.get("tid"): str(e.get("args", {}).get("name")) for e in events
+                  if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name"}
         for e in events:
             if not isinstance(e, dict) or e.get("ph") != "X":
                 continue
@@ -215,9 +216,14 @@ def simulated_events(chrome: Mapping[str, Any], source: str) -> tuple[pd.DataFra
             for part_cat, part in _parts(args.get("split"), mt.COPIES if cat in copy_cats else cat):
                 rows.append((start, start + span * part, part_cat, phase, name))
                 start += span * part
-    except (KeyError, TypeError, ValueError) as err:
-        raise GhsimError(f"{source}: malformed event in the timeline ({str(err)[:120]})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        what = f"no {err.args[0]!r} field" if isinstance(err, KeyError) else \
+            "a field has the wrong type" if isinstance(err, (TypeError, AttributeError)) else str(err)[:120]
+        raise GhsimError(f"{source}: malformed event in the timeline: {what}") from None
     df = pd.DataFrame(rows, columns=list(_COLUMNS))
+    times = df[["start_ns", "end_ns"]].to_numpy(float)
+    if not (np.isfinite(times).all() and (np.abs(times) < _LIMIT_US).all()):
+        raise GhsimError(f"{source}: an event's ts, dur or launch gap is not a finite time of plausible size")
     for col in ("start_ns", "end_ns"):
         df[col] = np.round(df[col].astype(float) * 1e3).astype(np.int64)
     return df, float(step)
@@ -229,7 +235,7 @@ def _parts(split: Any, category: str) -> list[tuple[str, float]]:
         return [(category, 1.0)]
     parts = [(str(c), float(f)) for c, f in split.items()]
     total = sum(f for _, f in parts)
-    if not all(c in _KERNEL_NAMES for c, _ in parts) or not total > 0:
+    if not all(c in _KERNEL_NAMES and 0 <= f < 1e9 for c, f in parts) or not 0 < total < 1e9:
         raise ValueError(f"bad split {dict(split)!r:.80}")
     return [(c, f / total) for c, f in parts]
 
