@@ -97,13 +97,17 @@ class Coverage:
     missed: tuple[str, ...]
 
 
+def held_out(rows: list[CaseRow], i: int, microbench: Mapping[str, float]) -> tuple[tuple[float, float], ...]:
+    """Case i's step and peak intervals, fitted on the other cases only."""
+    m, r = fit(rows[:i] + rows[i + 1:], microbench), rows[i]
+    return m.step_interval(r.predicted_step_s, r.predicted_utilization), m.peak_interval(r.predicted_peak_bytes)
+
+
 def leave_one_out(rows: list[CaseRow], microbench: Mapping[str, float]) -> Coverage:
     step_in = peak_in = 0
     widths, peak_widths, missed = [], [], []
     for i, r in enumerate(rows):
-        m = fit(rows[:i] + rows[i + 1:], microbench)
-        lo, hi = m.step_interval(r.predicted_step_s, r.predicted_utilization)
-        plo, phi = m.peak_interval(r.predicted_peak_bytes)
+        (lo, hi), (plo, phi) = held_out(rows, i, microbench)
         ok = lo <= r.measured_step_s <= hi
         step_in += ok
         peak_in += plo <= r.measured_peak_bytes <= phi
