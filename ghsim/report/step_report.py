@@ -170,11 +170,15 @@ def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: 
     return tuple(problems)
 
 
+INTERVAL_NOTE = ("intervals        where the measured value should lie: the validation cases' measured spread "
+                 "(validation/README.md, Prediction intervals)")
+
+
 def _interval_text(iv: tuple[float, float] | None, scale: float, unit: str, digits: int = 1) -> str:
-    """'   interval 190.6-229.7 ms (...)': where a measurement should fall; nothing without the interval table."""
+    """'   (interval 190.6-229.7 ms)': where a measurement should fall; nothing without the interval table."""
     if iv is None:
         return ""
-    return f"   interval {iv[0] * scale:.{digits}f}-{iv[1] * scale:.{digits}f} {unit} (measured spread, report/intervals.py)"
+    return f"   (interval {iv[0] * scale:.{digits}f}-{iv[1] * scale:.{digits}f} {unit})"
 
 
 def render_table(r: StepReport) -> str:
@@ -191,6 +195,7 @@ def render_table(r: StepReport) -> str:
         + _interval_text(r.hbm_peak_interval_bytes, 1e-9, "GB", 2),
         f"host peak        {r.host.peak_bytes / 1e9:10.2f} GB of {r.host_capacity / 1e9:.0f} GB per node",
         f"fits             {'yes' if r.fits else 'NO: ' + '; '.join(r.fit_problems)}",
+        *([INTERVAL_NOTE] if r.step_time_interval_s else []),
         "",
         "where the step goes                 ms      share",
     ]
