@@ -23,8 +23,9 @@ CASES = "validation/cases"
 
 def main(argv: list[str]) -> int:
     results = validate(ROOT / "validation")
-    rows = [row for r in results if (row := case_row(r)) is not None]
-    text = table_toml(rows, microbench_spread(ROOT), CASES)
+    used = [(r, row) for r in results if (row := case_row(r)) is not None]
+    rows = [row for _, row in used]
+    text = table_toml(rows, microbench_spread(ROOT), CASES, [r.case.hardware_name for r, _ in used])
     if "--check" in argv:
         same = TABLE.exists() and TABLE.read_text() == text
         print("prediction_intervals.toml is up to date" if same else "prediction_intervals.toml is stale: rerun")

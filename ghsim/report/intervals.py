@@ -16,6 +16,7 @@ The HBM peak's interval is the same with sigma = the peak (one row: the replay's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -47,6 +48,7 @@ class IntervalModel:
     step_scores: tuple[float, float]  # (lowest, highest) (measured - predicted) / sigma
     peak_scores: tuple[float, float]  # (lowest, highest) (measured - predicted) / predicted
     cases: int
+    hardware: tuple[str, ...] = ()  # the profiles the cases ran on: the runs the intervals speak for
 
     def sigma_s(self, step_s: float, utilization: float) -> float:
         u = min(1.0, max(0.0, utilization))
@@ -123,6 +125,12 @@ def rows_from_table(table: Mapping) -> tuple[list[CaseRow], dict[str, float]]:
     return rows, {k: float(v["value"]) for k, v in table["microbench_spread"].items()}
 
 
+def note(model: IntervalModel) -> str:
+    """What an interval is, in one line of a report."""
+    return (f"where measurements fell around ghsim's predictions in {model.cases} validation cases on "
+            f"{', '.join(model.hardware) or 'measured GPUs'} (validation/README.md); runs unlike them can miss by more")
+
+
 @lru_cache(maxsize=4)
 def load_model(path: Path = TABLE) -> IntervalModel | None:
     """The model of the committed table; None when the table is absent (a stripped install)."""
@@ -130,8 +138,9 @@ def load_model(path: Path = TABLE) -> IntervalModel | None:
         return None
     from ghsim.tomlio import read_toml
 
-    rows, microbench = rows_from_table(read_toml(path))
-    return fit(rows, microbench)
+    table = read_toml(path)
+    rows, microbench = rows_from_table(table)
+    return dataclasses.replace(fit(rows, microbench), hardware=tuple(table.get("meta", {}).get("hardware", ())))
 
 
 def step_interval(step_s: float, utilization: float) -> tuple[float, float] | None:

@@ -170,8 +170,9 @@ def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: 
     return tuple(problems)
 
 
-INTERVAL_NOTE = ("intervals        where the measured value should lie: the validation cases' measured spread "
-                 "(validation/README.md, Prediction intervals)")
+def _interval_note() -> str:
+    from ghsim.report.intervals import load_model, note
+    return f"intervals        {note(load_model())}"
 
 
 def _interval_text(iv: tuple[float, float] | None, scale: float, unit: str, digits: int = 1) -> str:
@@ -195,7 +196,7 @@ def render_table(r: StepReport) -> str:
         + _interval_text(r.hbm_peak_interval_bytes, 1e-9, "GB", 2),
         f"host peak        {r.host.peak_bytes / 1e9:10.2f} GB of {r.host_capacity / 1e9:.0f} GB per node",
         f"fits             {'yes' if r.fits else 'NO: ' + '; '.join(r.fit_problems)}",
-        *([INTERVAL_NOTE] if r.step_time_interval_s else []),
+        *([_interval_note()] if r.step_time_interval_s else []),
         "",
         "where the step goes                 ms      share",
     ]
