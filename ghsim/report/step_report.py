@@ -252,4 +252,5 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
             events.append({"ph": "C", "name": "HBM allocated (GB)", "pid": 1, "ts": tl.schedule.issue[i] * 1e6,
                            "args": {"GB": float(r.hbm.curve[i]) / 1e9}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "ghsim", "step_time_s": r.step_time_s}}
+            "otherData": {"generator": "ghsim", "step_time_s": r.step_time_s, "model": r.model.get("name"),
+                          "hardware": r.hardware.get("name"), "plan": r.plan.get("flags")}}

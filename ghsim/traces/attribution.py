@@ -10,7 +10,6 @@ timeline (ghsim's own Chrome trace), so the two sides are computed alike.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -145,8 +144,9 @@ def measured_breakdown(trace: ev.TraceData, steps: str | None = None, nvtx: str 
         notes.append("no ProfilerStep ranges: the whole trace is taken as one step")
     n = max(1, len(window.step_times_s)) if not window.whole_trace else 1
     chosen = device if device is not None else _busiest(trace, window)
+    gpu = next((f", {g.name}" for g in trace.gpus if g.id == chosen), "")
     return breakdown(measured_events(trace, chosen, _step_windows(trace, window)), window.pieces, n,
-                     f"{trace.source} ({window.label}, device {chosen})", tuple(notes))
+                     f"{trace.source} ({window.label}, device {chosen}{gpu})", tuple(notes))
 
 
 def _step_windows(trace: ev.TraceData, window: Window) -> np.ndarray:
@@ -245,4 +245,7 @@ def simulated_breakdown(chrome: Mapping[str, Any], source: str) -> StepBreakdown
     notes = ()
     if not events.empty and set(events["category"]) <= {str(Category.OTHER), COMM}:
         notes = ("a pipeline timeline holds its stages' spans, not their kernels: compute shows as 'other'",)
-    return breakdown(events, np.array([[0, round(step * 1e9)]], np.int64), 1, source, notes)
+    other = chrome["otherData"]
+    what = " ".join(str(other[k]) for k in ("model", "hardware", "plan") if isinstance(other.get(k), str))
+    return breakdown(events, np.array([[0, round(step * 1e9)]], np.int64), 1,
+                     f"{source} ({what})" if what else source, notes)

@@ -44,6 +44,15 @@ class Comparison:
     def error_rel(self) -> float:
         return self.error_s / self.measured.step_s
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        out = (*self.predicted.notes, *self.measured.notes)
+        ratio = self.predicted.step_s / self.measured.step_s
+        if not 0.5 <= ratio <= 2:
+            out += (f"the predicted step is {ratio:.2g}x the measured one: are both the same model, plan, "
+                    f"batch and GPU (and the measured window one training step)?",)
+        return out
+
     def share(self, delta_s: float) -> float | None:
         return delta_s / self.error_s if abs(self.error_s) > TINY_S else None
 
@@ -59,7 +68,7 @@ class Comparison:
         return {"step_time_s": {"predicted": self.predicted.step_s, "measured": self.measured.step_s,
                                 "error_s": self.error_s, "error_rel": self.error_rel},
                 "by_category": rows(self.by_category), "by_phase": rows(self.by_phase),
-                "largest_mismatches": kernels,
+                "largest_mismatches": kernels, "notes": list(self.notes),
                 "predicted": self.predicted.to_dict(), "measured": self.measured.to_dict()}
 
     def to_table(self, top: int = 8) -> str:

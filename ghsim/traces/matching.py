@@ -49,7 +49,8 @@ def measured_phases(starts: np.ndarray, names: list[str], categories: list[str],
     step get the forward phase (they are cut away by the caller's window anyway).
     """
     out = np.full(len(starts), FWD, dtype=object)
-    backward = np.fromiter((is_backward_kernel(n) for n in names), bool, len(names))
+    known = {n: is_backward_kernel(n) for n in set(names)}  # a trace repeats a few hundred names
+    backward = np.fromiter((known[n] for n in names), bool, len(names))
     optimizer = np.array([c == Category.OPTIMIZER for c in categories], bool)
     for a, b in steps:
         lo, hi = np.searchsorted(starts, a), np.searchsorted(starts, b)

@@ -122,6 +122,6 @@ def render_comparison(c, top: int = 8) -> str:
             names = "; ".join(f"{_short(n)[:60]} {t * 1e3:.2f} ms" for n, t in rec[f"top_{side}"])
             if names:
                 out.append(f"  {label}, largest {side}: {names}")
-    for n in (*p.notes, *m.notes):
+    for n in c.notes:
         out.append(f"note: {n}")
     return "\n".join(out) + "\n"

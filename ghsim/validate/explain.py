@@ -32,7 +32,7 @@ def explain_case(result: CaseResult) -> CaseExplanation | None:
     from ghsim.traces.comparison import compare
 
     report = simulate(case_model(case), case_hardware(case), case.plan)
-    pred = simulated_breakdown(chrome_trace(report), f"ghsim ({case.plan.flags()})")
+    pred = simulated_breakdown(chrome_trace(report), "ghsim")
     meas = with_step_time(measured_breakdown(load_trace(case.trace)), result.measured["step_time_s"],
                           "timed without the profiler, case.toml")
     return CaseExplanation(case.name, compare(pred, meas))
