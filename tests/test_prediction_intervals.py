@@ -74,6 +74,11 @@ def test_intervals_are_ordered_and_scale_with_the_prediction(step, util, peak):
     assert 0 <= plo <= phi
 
 
+def test_an_untimed_plan_has_no_interval():
+    assert intervals.step_interval(float("nan"), float("nan")) is None
+    assert intervals.peak_interval(float("nan")) is None
+
+
 def test_a_plan_that_waits_on_its_host_gets_a_wider_interval():
     m = intervals.load_model()
     busy_lo, busy_hi = m.step_interval(1.0, 0.98)

@@ -17,6 +17,7 @@ The HBM peak's interval is the same with sigma = the peak (one row: the replay's
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -144,13 +145,14 @@ def load_model(path: Path = TABLE) -> IntervalModel | None:
 
 
 def step_interval(step_s: float, utilization: float) -> tuple[float, float] | None:
+    """None without the table, or for a plan that was not timed (a search verdict's NaN)."""
     m = load_model()
-    return m.step_interval(step_s, utilization) if m else None
+    return m.step_interval(step_s, utilization) if m and math.isfinite(step_s + utilization) else None
 
 
 def peak_interval(peak_bytes: float) -> tuple[float, float] | None:
     m = load_model()
-    return m.peak_interval(peak_bytes) if m else None
+    return m.peak_interval(peak_bytes) if m and math.isfinite(peak_bytes) else None
 
 
 def overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
