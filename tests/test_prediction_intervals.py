@@ -113,3 +113,12 @@ def test_plan_calls_overlapping_plans_a_tie():
         assert bool(p["tie_with_best"]) == overlaps
         if overlaps:
             assert "intervals overlap" in p["tie_with_best"]
+
+
+def test_sweep_rows_carry_the_intervals():
+    from ghsim.search.sweep import SweepTask, run_task
+
+    row = run_task(SweepTask("llama-3-8b", "h100-sxm", 1, seq=1024, lora_rank=16, precisions=("bf16",),
+                             pins=(("recompute", "none"),), time_limit=0.0))
+    assert row["status"] == "ok", row["error"]
+    assert row["step_time_lo_s"] < row["step_time_hi_s"] and row["hbm_peak_lo_gb"] <= row["hbm_peak_hi_gb"]
