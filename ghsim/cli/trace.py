@@ -96,7 +96,9 @@ def trace_command(hardware_name: str | None, steps: str, startup_s: float, outpu
     check_simulated_plan(kw, plan, [hw])
     report = run_simulation(load_model(model_name), hw, plan, keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)
-    click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
+    iv = report.step_time_interval_s
+    span = f" (interval {iv[0] * 1e3:.1f}-{iv[1] * 1e3:.1f} ms)" if iv else ""
+    click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms{span}; steps {w.first_step}-{w.last_step} start "
                f"about {startup_s + w.first_step * report.step_time_s:.1f} s after launch")
     click.echo("# timed from the prediction (one step of margin each side):")
     click.echo(nsys_command(w, output, program))
