@@ -161,3 +161,15 @@ def test_validate_explain_on_a_real_case_adds_up_to_its_error():
     assert sum(r.predicted_s for r in c.by_phase) == pytest.approx(result.predicted["step_time_s"], rel=1e-6)
     rows = carriers([e])
     assert {d["row"] for d in rows} == set(mt.CATEGORY_ROWS) and sum(d["largest_in_cases"] for d in rows) == 1
+
+
+@pytest.mark.parametrize("hardware, noted", [("h100-sxm", False), ("a100-sxm-80gb", True)])
+def test_a_trace_from_another_gpu_is_noted(tmp_path, hardware, noted):
+    from ghsim.traces import load_trace
+
+    measured = tmp_path / "k.json"
+    write_kineto(measured, steps=1, kernels_per_step=5)  # on an "NVIDIA H100 80GB HBM3"
+    chrome = _chrome([("gemm", "fwd", 0, 50, 1, {})], 100e-6)
+    chrome["otherData"]["hardware"] = hardware
+    c = compare(simulated_breakdown(chrome, "p"), measured_breakdown(load_trace(measured)))
+    assert any("measured on NVIDIA H100" in n for n in c.notes) == noted

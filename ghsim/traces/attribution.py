@@ -9,6 +9,7 @@ timeline (ghsim's own Chrome trace), so the two sides are computed alike.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -39,6 +40,7 @@ class StepBreakdown:
     groups: pd.DataFrame  # per (phase, category): time_s, count (per step), top names
     steps: int
     notes: tuple[str, ...] = ()
+    gpu: str = ""  # the measured GPU's name, or the hardware profile ghsim predicted for ('' unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "step_time_s": self.step_s, "steps": self.steps,
@@ -84,7 +86,7 @@ def _groups(events: pd.DataFrame, windows: np.ndarray, steps: int, top: int = 3)
 
 
 def breakdown(events: pd.DataFrame, windows: np.ndarray, steps: int, source: str,
-              notes: tuple[str, ...] = ()) -> StepBreakdown:
+              notes: tuple[str, ...] = (), gpu: str = "") -> StepBreakdown:
     """Rows per step of `events` (columns _COLUMNS) inside the merged `windows`."""
     length = int((windows[:, 1] - windows[:, 0]).sum()) if len(windows) else 0
     if length <= 0:
@@ -93,7 +95,7 @@ def breakdown(events: pd.DataFrame, windows: np.ndarray, steps: int, source: str
     return StepBreakdown(source, length / NS_PER_S / steps,
                          per_step(_exclusive(events, windows, mt.CATEGORY_ROWS, "category")),
                          per_step(_exclusive(events, windows, mt.PHASE_ROWS, "phase")),
-                         _groups(events, windows, steps), steps, notes)
+                         _groups(events, windows, steps), steps, notes, gpu)
 
 
 def with_step_time(b: StepBreakdown, step_s: float, why: str) -> StepBreakdown:
@@ -103,7 +105,8 @@ def with_step_time(b: StepBreakdown, step_s: float, why: str) -> StepBreakdown:
     note = (f"step time {step_s * 1e3:.2f} ms ({why}); the trace's step is {b.step_s * 1e3:.2f} ms: "
             f"the {delta * 1e3:+.2f} ms go to host gaps")
     fix = lambda d: {**d, mt.HOST_GAPS: d[mt.HOST_GAPS] + delta}  # noqa: E731
-    return StepBreakdown(b.source, step_s, fix(b.by_category), fix(b.by_phase), b.groups, b.steps, (*b.notes, note))
+    return dataclasses.replace(b, step_s=step_s, by_category=fix(b.by_category), by_phase=fix(b.by_phase),
+                               notes=(*b.notes, note))
 
 
 # -- a measured trace -------------------------------------------------------------------
@@ -144,9 +147,9 @@ def measured_breakdown(trace: ev.TraceData, steps: str | None = None, nvtx: str 
         notes.append("no ProfilerStep ranges: the whole trace is taken as one step")
     n = max(1, len(window.step_times_s)) if not window.whole_trace else 1
     chosen = device if device is not None else _busiest(trace, window)
-    gpu = next((f", {g.name}" for g in trace.gpus if g.id == chosen), "")
+    gpu = next((g.name for g in trace.gpus if g.id == chosen), "")
     return breakdown(measured_events(trace, chosen, _step_windows(trace, window)), window.pieces, n,
-                     f"{trace.source} ({window.label}, device {chosen}{gpu})", tuple(notes))
+                     f"{trace.source} ({window.label}, device {chosen}{', ' + gpu if gpu else ''})", tuple(notes), gpu)
 
 
 def _step_windows(trace: ev.TraceData, window: Window) -> np.ndarray:
@@ -247,5 +250,6 @@ def simulated_breakdown(chrome: Mapping[str, Any], source: str) -> StepBreakdown
         notes = ("a pipeline timeline holds its stages' spans, not their kernels: compute shows as 'other'",)
     other = chrome["otherData"]
     what = " ".join(str(other[k]) for k in ("model", "hardware", "plan") if isinstance(other.get(k), str))
+    hardware = other.get("hardware") if isinstance(other.get("hardware"), str) else ""
     return breakdown(events, np.array([[0, round(step * 1e9)]], np.int64), 1,
-                     f"{source} ({what})" if what else source, notes)
+                     f"{source} ({what})" if what else source, notes, hardware)

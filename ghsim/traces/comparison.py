@@ -51,6 +51,9 @@ class Comparison:
         if not 0.5 <= ratio <= 2:
             out += (f"the predicted step is {ratio:.2g}x the measured one: are both the same model, plan, "
                     f"batch and GPU (and the measured window one training step)?",)
+        family = self.predicted.gpu.split("-")[0].lower()  # h100-sxm -> h100, gh200-96gb-quad -> gh200
+        if family and self.measured.gpu and family not in self.measured.gpu.lower():
+            out += (f"measured on {self.measured.gpu}, predicted for {self.predicted.gpu}",)
         return out
 
     def share(self, delta_s: float) -> float | None:
