@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -100,17 +100,22 @@ class Coverage:
     missed: tuple[str, ...]
 
 
-def held_out(rows: list[CaseRow], i: int, microbench: Mapping[str, float]) -> tuple[tuple[float, float], ...]:
+Fitter = Callable[[list[CaseRow], Mapping[str, float]], IntervalModel]
+
+
+def held_out(rows: list[CaseRow], i: int, microbench: Mapping[str, float],
+             fitter: Fitter = fit) -> tuple[tuple[float, float], ...]:
     """Case i's step and peak intervals, fitted on the other cases only."""
-    m, r = fit(rows[:i] + rows[i + 1:], microbench), rows[i]
+    m, r = fitter(rows[:i] + rows[i + 1:], microbench), rows[i]
     return m.step_interval(r.predicted_step_s, r.predicted_utilization), m.peak_interval(r.predicted_peak_bytes)
 
 
-def leave_one_out(rows: list[CaseRow], microbench: Mapping[str, float]) -> Coverage:
+def leave_one_out(rows: list[CaseRow], microbench: Mapping[str, float], fitter: Fitter = fit) -> Coverage:
+    """Each case's interval fitted without it (`fitter`: fit, or a model to compare it with)."""
     step_in = peak_in = 0
     widths, peak_widths, missed = [], [], []
     for i, r in enumerate(rows):
-        (lo, hi), (plo, phi) = held_out(rows, i, microbench)
+        (lo, hi), (plo, phi) = held_out(rows, i, microbench, fitter)
         ok = lo <= r.measured_step_s <= hi
         step_in += ok
         peak_in += plo <= r.measured_peak_bytes <= phi
