@@ -119,7 +119,7 @@ def render_comparison(c, top: int = 8) -> str:
     for rec in c.kernels.head(min(top, 3)).to_dict("records"):
         label = f"{rec['phase'] or '-'} {rec['category']}"
         for side in ("measured", "predicted"):
-            names = "; ".join(f"{_short(n)[:60]} {t * 1e3:.2f} ms" for n, t in rec[f"top_{side}"])
+            names = "; ".join(f"{n.removeprefix('void ')[:70]} {t * 1e3:.2f} ms" for n, t in rec[f"top_{side}"])
             if names:
                 out.append(f"  {label}, largest {side}: {names}")
     for n in c.notes:
