@@ -77,6 +77,8 @@ QUOTES = (
     Quote("plan-llama-70b", "README.md", GHSIM + ["plan", "--model", "llama-70b", "--gpus", "4", "--time-limit", "0"],
           fenced, cheap=False),
     Quote("accuracy", "README.md", GHSIM + ["validate", "validation", "--json"], accuracy_table, cheap=False),
+    Quote("intervals", "README.md", [sys.executable, "benchmarks/prediction_intervals.py", "--coverage"],
+          lambda out: out.rstrip("\n"), cheap=True),
     Quote("gh200-vs-h100", "examples/README.md", [sys.executable, "examples/gh200_vs_h100_7b_full_finetune.py"],
           until_blank_after("GH200 is"), cheap=False),
 )

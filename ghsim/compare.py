@@ -128,16 +128,23 @@ def best_pairs(best: list[dict[str, Any] | None]) -> list[Pairwise]:
     return out
 
 
+def _span(iv: tuple[float, float] | None, scale: float) -> str:
+    """A prediction interval (report/intervals.py) as 'lo-hi'."""
+    return f"{iv[0] * scale:.1f}-{iv[1] * scale:.1f}" if iv else "-"
+
+
 def render(c: Comparison) -> str:
     names = [r.hardware["name"] for r in c.reports]
     width = max(14, *(len(n) + 2 for n in names))
     head = f"{'':<26}" + "".join(f"{n:>{width}}" for n in names)
     rows = [
         ("step time (ms)", [f"{r.step_time_s * 1e3:.1f}" for r in c.reports]),
+        ("  interval (ms)", [_span(r.step_time_interval_s, 1e3) for r in c.reports]),
         ("tokens/s", [f"{r.tokens_per_s:.0f}" for r in c.reports]),
         ("MFU (%)", [f"{r.mfu * 100:.1f}" for r in c.reports]),
         ("GPU utilization (%)", [f"{r.gpu_utilization * 100:.1f}" for r in c.reports]),
         ("HBM peak / GPU (GB)", [f"{r.hbm.peak_bytes / 1e9:.1f}" for r in c.reports]),
+        ("  interval (GB)", [_span(r.hbm_peak_interval_bytes, 1e-9) for r in c.reports]),
         ("host peak / node (GB)", [f"{r.host.peak_bytes / 1e9:.1f}" for r in c.reports]),
         ("fits", ["yes" if r.fits else "NO" for r in c.reports]),
         ("host link", [r.hardware.get("host_link", "") for r in c.reports]),

@@ -129,6 +129,9 @@ class Files:
         kineto = folder / "k.json"
         write_kineto(kineto, steps=2, kernels_per_step=6, cpu_events_per_kernel=1)
         self.templates["trace.json"] = kineto.read_bytes()
+        predicted = folder / "predicted.json"
+        CliRunner().invoke(main, ["simulate", "--model", str(self.model), "--seq", "512", "--trace", str(predicted)])
+        self.templates["predicted.json"] = predicted.read_bytes()
         self.n = 0
 
     def damaged(self, rng: random.Random, name: str) -> str:
@@ -197,6 +200,17 @@ def summarize_case(rng: random.Random, files: Files) -> list[str]:
     return args + (["--json"] if rng.random() < 0.5 else [])
 
 
+def trace_compare_case(rng: random.Random, files: Files) -> list[str]:
+    args = ["trace", "compare", files.damaged(rng, "predicted.json"),
+            files.damaged(rng, rng.choice(["trace.json", "trace.json", "nsys.csv", "predicted.json"]))]
+    if rng.random() < 0.3:
+        args += ["--steps", rng.choice(["1-2", "all", "2", "x", "3-1", str(10**30)])]
+    for flag in ("--step-time", "--top", "--device"):
+        if rng.random() < 0.2:
+            args += [flag, number(rng)]
+    return args + (["--json"] if rng.random() < 0.5 else [])
+
+
 def calibrate_case(rng: random.Random, files: Files) -> list[str]:
     out = files.folder / "cal-out"
     return ["calibrate", files.damaged(rng, "microbench.json"), "--reference", rng.choice(HARDWARE),
@@ -217,12 +231,13 @@ def sweep_case(rng: random.Random, files: Files) -> list[str]:
 def catalog_case(rng: random.Random, files: Files) -> list[str]:
     return rng.choice([["models"], ["hardware"], [], ["--version"], ["nosuch"], ["simulate"],
                        ["validate", str(files.folder / "nowhere")], ["validate", "--case", "x", rng.choice(JUNK) or "x"],
+                       ["validate", "--explain", "--no-trace"], ["validate", "--explain", str(files.folder / "nowhere")],
                        ["trace"], ["calibrate"], ["simulate", "--model"]])
 
 
 COMMANDS: dict[str, Callable[[random.Random, Files], list[str]]] = {
     "simulate": simulate_case, "plan": plan_case, "compare": compare_case, "trace command": trace_command_case,
-    "trace summarize": summarize_case, "calibrate": calibrate_case, "sweep": sweep_case, "catalog": catalog_case,
+    "trace summarize": summarize_case, "trace compare": trace_compare_case, "calibrate": calibrate_case, "sweep": sweep_case, "catalog": catalog_case,
 }
 
 

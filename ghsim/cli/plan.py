@@ -317,8 +317,8 @@ def sweep(models: str, hardware_names: str, gpu_counts: str, seq: int, global_ba
     if out_file:
         write_results(df, out_file)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
-        shown = df[["model", "hardware", "gpus", "status", "step_time_s", "tokens_per_s", "mfu", "hbm_peak_gb",
-                    "usd_per_mtok", "n_evaluated"]]
+        shown = df[["model", "hardware", "gpus", "status", "step_time_s", "step_time_lo_s", "step_time_hi_s",
+                    "tokens_per_s", "mfu", "hbm_peak_gb", "usd_per_mtok", "n_evaluated"]]
         click.echo(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if out_file:
         click.echo(f"wrote {out_file} ({len(df)} rows)")

@@ -42,6 +42,41 @@ def summarize_cmd(file: str, steps: str | None, nvtx: str | None, device: int | 
         click.echo(summary.to_table(), nl=False)
 
 
+@trace.command("compare")
+@click.argument("predicted", type=click.Path(dir_okay=False))
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.option("--steps", metavar="A-B", help="Measured ProfilerStep#A..#B (default: every profiled step).")
+@click.option("--nvtx", metavar="NAME", help="Measured steps are the NVTX ranges with this name (glob allowed).")
+@click.option("--device", type=INT, metavar="N", help="Measured GPU (default: the busiest).")
+@click.option("--step-time", "step_time_s", type=FLOAT, default=None, metavar="S",
+              help="The measured step's time when timed apart from the trace (a profiler slows the host): "
+                   "the difference goes to host gaps.")
+@click.option("--top", type=click.IntRange(1, 100), default=8, show_default=True, help="How many mismatches.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def compare_cmd(predicted: str, measured: str, steps: str | None, nvtx: str | None, device: int | None,
+                step_time_s: float | None, top: int, as_json: bool) -> None:
+    """Where a prediction (PREDICTED: `ghsim simulate --trace` output) differs from a measured
+    trace (MEASURED: nsys SQLite export or PyTorch profiler trace): time per category and per
+    phase side by side, the largest mismatches, and the share of the step error each explains."""
+    from pathlib import Path
+
+    from ghsim.tomlio import read_json
+    from ghsim.traces import load_trace
+    from ghsim.traces.attribution import measured_breakdown, simulated_breakdown, with_step_time
+    from ghsim.traces.comparison import compare
+
+    if steps and nvtx:
+        raise GhsimError("use --steps or --nvtx, not both")
+    if step_time_s is not None and not 0 < step_time_s < 1e6:
+        raise GhsimError("--step-time must be a positive number of seconds")
+    pred = simulated_breakdown(read_json(Path(predicted)), predicted)
+    meas = measured_breakdown(load_trace(measured), steps=steps, nvtx=nvtx, device=device)
+    if step_time_s is not None:
+        meas = with_step_time(meas, step_time_s, "--step-time")
+    result = compare(pred, meas)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.to_table(top), nl=as_json)
+
+
 @trace.command("command")
 @plan_options
 @click.option("--hardware", "hardware_name", default=None, help="Profile name or TOML path (default: the --plan file's, else gh200-96gb).")
@@ -61,7 +96,9 @@ def trace_command(hardware_name: str | None, steps: str, startup_s: float, outpu
     check_simulated_plan(kw, plan, [hw])
     report = run_simulation(load_model(model_name), hw, plan, keep_timeline=False)
     w = capture_window(steps, report.step_time_s, startup_s)
-    click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms; steps {w.first_step}-{w.last_step} start "
+    iv = report.step_time_interval_s
+    span = f" (interval {iv[0] * 1e3:.1f}-{iv[1] * 1e3:.1f} ms)" if iv else ""
+    click.echo(f"# predicted step {report.step_time_s * 1e3:.1f} ms{span}; steps {w.first_step}-{w.last_step} start "
                f"about {startup_s + w.first_step * report.step_time_s:.1f} s after launch")
     click.echo("# timed from the prediction (one step of margin each side):")
     click.echo(nsys_command(w, output, program))

@@ -60,9 +60,22 @@ class StepReport:
     def fits(self) -> bool:
         return not self.fit_problems
 
+    @property
+    def step_time_interval_s(self) -> tuple[float, float] | None:
+        """Where the measured step should lie (report/intervals.py); None without the table."""
+        from ghsim.report.intervals import step_interval
+        return step_interval(self.step_time_s, self.gpu_utilization)
+
+    @property
+    def hbm_peak_interval_bytes(self) -> tuple[float, float] | None:
+        from ghsim.report.intervals import peak_interval
+        return peak_interval(self.hbm.peak_bytes)
+
     def to_dict(self) -> dict[str, Any]:
+        step_iv, hbm_iv = self.step_time_interval_s, self.hbm_peak_interval_bytes
         return {
             "step_time_s": self.step_time_s,
+            "step_time_interval_s": list(step_iv) if step_iv else None,
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_step": self.tokens_per_step,
             "mfu": self.mfu,
@@ -71,6 +84,7 @@ class StepReport:
             "fit_problems": list(self.fit_problems),
             "memory": {
                 "hbm_peak_bytes": self.hbm.peak_bytes,
+                "hbm_peak_interval_bytes": list(hbm_iv) if hbm_iv else None,
                 "hbm_capacity_bytes": self.hbm_capacity,
                 "host_peak_bytes": self.host.peak_bytes,
                 "host_capacity_bytes": self.host_capacity,
@@ -156,19 +170,33 @@ def fit_problems(hbm: TierPeak, host: TierPeak, hw, where: str = "", check_hbm: 
     return tuple(problems)
 
 
+def _interval_note() -> str:
+    from ghsim.report.intervals import load_model, note
+    return f"intervals        {note(load_model())}"
+
+
+def _interval_text(iv: tuple[float, float] | None, scale: float, unit: str, digits: int = 1) -> str:
+    """'   (interval 190.6-229.7 ms)': where a measurement should fall; nothing without the interval table."""
+    if iv is None:
+        return ""
+    return f"   (interval {iv[0] * scale:.{digits}f}-{iv[1] * scale:.{digits}f} {unit})"
+
+
 def render_table(r: StepReport) -> str:
     lines = [
         f"model      {r.model['name']} ({r.model['total_params'] / 1e9:.2f}B params)",
         f"hardware   {r.hardware['name']}: {r.hardware['description']}",
         f"plan       {r.plan['flags']}",
         "",
-        f"step time        {r.step_time_s * 1e3:10.1f} ms",
+        f"step time        {r.step_time_s * 1e3:10.1f} ms" + _interval_text(r.step_time_interval_s, 1e3, "ms"),
         f"tokens/s         {r.tokens_per_s:10.0f}",
         f"MFU              {r.mfu * 100:10.1f} %",
         f"GPU utilization  {r.gpu_utilization * 100:10.1f} %   (kernel-busy share of the step)",
-        f"HBM peak         {r.hbm.peak_bytes / 1e9:10.2f} GB of {r.hbm_capacity / 1e9:.1f} GB per GPU",
+        f"HBM peak         {r.hbm.peak_bytes / 1e9:10.2f} GB of {r.hbm_capacity / 1e9:.1f} GB per GPU"
+        + _interval_text(r.hbm_peak_interval_bytes, 1e-9, "GB", 2),
         f"host peak        {r.host.peak_bytes / 1e9:10.2f} GB of {r.host_capacity / 1e9:.0f} GB per node",
         f"fits             {'yes' if r.fits else 'NO: ' + '; '.join(r.fit_problems)}",
+        *([_interval_note()] if r.step_time_interval_s else []),
         "",
         "where the step goes                 ms      share",
     ]
@@ -205,9 +233,13 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
     for i, op in enumerate(tl.ops):
         s, e = tl.schedule.start[i] * 1e6, tl.schedule.end[i] * 1e6
         if e > s:
+            args = {"layer": tl.layer[i], "phase": op.phase, "flops": op.flops, "bytes": op.bytes}
+            if tl.lead_gap is not None and tl.lead_gap[i] > 0:  # the idle launch gap before its kernels
+                args["launch_gap_us"] = float(tl.lead_gap[i]) * 1e6
+            if op.split:  # a composite op's kernels by category (e.g. an eager RMSNorm's elementwise passes)
+                args["split"] = {str(c): part for c, part in op.split}
             events.append({"ph": "X", "name": op.name, "cat": op.category, "pid": 1, "tid": tids[op.resource],
-                           "ts": s, "dur": e - s,
-                           "args": {"layer": tl.layer[i], "phase": op.phase, "flops": op.flops, "bytes": op.bytes}})
+                           "ts": s, "dur": e - s, "args": args})
         if tl.layer[i] >= 0:
             key = (tl.microbatch[i], op.phase, tl.layer[i])
             span = ranges.setdefault(key, [s, e])
@@ -220,4 +252,5 @@ def chrome_trace(r: StepReport) -> dict[str, Any]:
             events.append({"ph": "C", "name": "HBM allocated (GB)", "pid": 1, "ts": tl.schedule.issue[i] * 1e6,
                            "args": {"GB": float(r.hbm.curve[i]) / 1e9}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "ghsim", "step_time_s": r.step_time_s}}
+            "otherData": {"generator": "ghsim", "step_time_s": r.step_time_s, "model": r.model.get("name"),
+                          "hardware": r.hardware.get("name"), "plan": r.plan.get("flags")}}

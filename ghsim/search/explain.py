@@ -10,6 +10,7 @@ from typing import Any
 from ghsim.hardware import GB, Hardware, load_hardware, profile_names
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
+from ghsim.report import intervals
 from ghsim.search.core import SearchResult
 from ghsim.search.memory_estimate import MARGIN, estimate_memory
 from ghsim.search.objective import Objective
@@ -67,17 +68,60 @@ def render_table(r: SearchResult, top: int) -> str:
     if not r.ranked:
         return "\n".join(lines + [""] + no_fit_advice(r))
     price = r.price_per_gpu_hour
-    lines += ["", f"{'#':>2} {'step s':>8} {'tokens/s':>9} {'MFU':>6} {'HBM GB':>7} {'host GB':>8} {'GPU busy':>8}"
-              + (f" {'$/Mtok':>7}" if price else "") + "  plan (flags beyond the given ones)"]
+    lines += ["", f"{'#':>2} {'step s':>8} {'interval':>11} {'tokens/s':>9} {'MFU':>6} {'HBM GB':>7} {'host GB':>8}"
+              f" {'GPU busy':>8}" + (f" {'$/Mtok':>7}" if price else "") + "  plan (flags beyond the given ones)"]
     for i, e in enumerate(r.ranked[:top], 1):
-        lines.append(f"{i:>2} {e.step_time_s:8.2f} {e.tokens_per_s:9,.0f} {e.mfu * 100:5.1f}% "
+        iv = step_interval(e)
+        span = f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-"
+        lines.append(f"{i:>2} {e.step_time_s:8.2f} {span:>11} {e.tokens_per_s:9,.0f} {e.mfu * 100:5.1f}% "
                      f"{e.hbm_peak_bytes / GB:7.1f} {e.host_peak_bytes / GB:8.1f} {e.gpu_utilization * 100:7.0f}%"
                      + (f" {e.usd_per_mtok(price):7.2f}" if price else "") + f"  {short_flags(e.plan, r.base)}")
+    lines += [f"   {line}" for line in ties_text(r, top)]
     best = r.ranked[0]
     lines += ["", "reproduce the best:", f"  ghsim simulate --model {r.model.name} --hardware {r.hardware.name} "
               f"{reproduce_flags(best.plan)}", ""]
     lines += why_best(r)
     return "\n".join(lines)
+
+
+# --- prediction intervals and ties ---------------------------------------------------------
+def step_interval(e: Evaluation) -> tuple[float, float] | None:
+    """Where the plan's measured step should lie (report/intervals.py)."""
+    return intervals.step_interval(e.step_time_s, e.gpu_utilization)
+
+
+def _ranked_interval(r: SearchResult, e: Evaluation) -> tuple[tuple[float, float] | None, str, float]:
+    """The interval of what the objective ranks by, its unit and scale for the text: the HBM peak
+    under the memory objective, else the step time (a plan's cost per token follows its step)."""
+    if r.objective == Objective.MEMORY:
+        return intervals.peak_interval(e.hbm_peak_bytes), "GB HBM", 1 / GB
+    return step_interval(e), "s/step", 1.0
+
+
+def tie_with_best(r: SearchResult, e: Evaluation) -> str:
+    """Why `e` is a tie with the best plan ('' when it is not): their intervals overlap, so the
+    measured spread behind the intervals cannot tell which one is really better."""
+    best = r.ranked[0]
+    if e is best:
+        return ""
+    a, unit, scale = _ranked_interval(r, best)
+    b, _, _ = _ranked_interval(r, e)
+    if not intervals.overlap(a, b):
+        return ""
+    return (f"tie with #1: intervals overlap ({b[0] * scale:.2f}-{b[1] * scale:.2f} vs "
+            f"{a[0] * scale:.2f}-{a[1] * scale:.2f} {unit}); the validation cases' measured spread "
+            f"cannot tell them apart")
+
+
+def ties_text(r: SearchResult, top: int) -> list[str]:
+    """One line naming the listed plans that tie with #1, and why."""
+    tied = [f"#{i}" for i, e in enumerate(r.ranked[:top], 1) if tie_with_best(r, e)]
+    if not tied:
+        return []
+    a, unit, scale = _ranked_interval(r, r.ranked[0])
+    return [f"tie: {', '.join(tied)} with #1: their intervals overlap #1's ({a[0] * scale:.2f}-{a[1] * scale:.2f} "
+            f"{unit}), so the validation cases' measured spread cannot tell which is faster"
+            + (" or leaner" if r.objective == Objective.MEMORY else "")]
 
 
 # --- explanations -----------------------------------------------------------------------
@@ -298,6 +342,11 @@ def evaluation_dict(e: Evaluation, r: SearchResult) -> dict[str, Any]:
         })
         if r.price_per_gpu_hour:
             d["usd_per_million_tokens"] = e.usd_per_mtok(r.price_per_gpu_hour)
+        step_iv, hbm_iv = step_interval(e), intervals.peak_interval(e.hbm_peak_bytes)
+        d["step_time_interval_s"] = list(step_iv) if step_iv else None
+        d["hbm_peak_interval_bytes"] = list(hbm_iv) if hbm_iv else None
+        if r.ranked and e.feasible:
+            d["tie_with_best"] = tie_with_best(r, e) or None
     if not math.isnan(e.est_hbm_bytes):
         d["estimated_hbm_bytes"] = e.est_hbm_bytes
     return d

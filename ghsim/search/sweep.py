@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS
 
-COLUMNS = ("model", "hardware", "gpus", "status", "step_time_s", "tokens_per_s", "mfu", "gpu_utilization",
-           "hbm_peak_gb", "host_peak_gb", "usd_per_mtok", "flags", "n_evaluated", "n_feasible", "elapsed_s", "error")
+COLUMNS = ("model", "hardware", "gpus", "status", "step_time_s", "step_time_lo_s", "step_time_hi_s", "tokens_per_s",
+           "mfu", "gpu_utilization", "hbm_peak_gb", "hbm_peak_lo_gb", "hbm_peak_hi_gb", "host_peak_gb", "usd_per_mtok",
+           "flags", "n_evaluated", "n_feasible", "elapsed_s", "error")
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
     from ghsim.plan import Framework, Plan, Precision, check_values
     from ghsim.search.core import search
     from ghsim.search.objective import Objective
-    from ghsim.search.explain import reproduce_flags
+    from ghsim.report import intervals
+    from ghsim.search.explain import reproduce_flags, step_interval
     from ghsim.search.space import default_global_batch, default_space, pin
 
     row: dict[str, Any] = {c: None for c in COLUMNS}
@@ -76,6 +78,10 @@ def run_task(task: SweepTask, calibration: Any = None) -> dict[str, Any]:
                        gpu_utilization=b.gpu_utilization, hbm_peak_gb=b.hbm_peak_bytes / 1e9,
                        host_peak_gb=b.host_peak_bytes / 1e9, flags=reproduce_flags(b.plan),
                        usd_per_mtok=b.usd_per_mtok(r.price_per_gpu_hour) if r.price_per_gpu_hour else math.nan)
+            step_iv, hbm_iv = step_interval(b), intervals.peak_interval(b.hbm_peak_bytes)  # report/intervals.py
+            if step_iv and hbm_iv:
+                row.update(step_time_lo_s=step_iv[0], step_time_hi_s=step_iv[1], hbm_peak_lo_gb=hbm_iv[0] / 1e9,
+                           hbm_peak_hi_gb=hbm_iv[1] / 1e9)
     except (GhsimError, ValueError) as e:
         row.update(status="error", error=str(e))
     row["elapsed_s"] = time.perf_counter() - t0

@@ -90,3 +90,38 @@ def render_summary(s) -> str:
     for note in s.notes:
         out.append(f"Note: {note}")
     return "\n".join(out) + "\n"
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def render_comparison(c, top: int = 8) -> str:
+    """A Comparison (comparison.py): step error, rows by category and by phase, largest mismatches."""
+    p, m = c.predicted, c.measured
+    out = [f"predicted  {p.source}", f"measured   {m.source}",
+           f"step time  predicted {_ms(p.step_s)} ms, measured {_ms(m.step_s)} ms: "
+           f"error {c.error_s * 1e3:+,.3f} ms ({c.error_rel:+.1%})", ""]
+    for title, rows in (("per step, by category", c.by_category), ("per step, by phase", c.by_phase)):
+        out += [title + " (each instant counted once: compute, then exposed communication, copies, host gaps)",
+                table(["row", "predicted ms", "measured ms", "delta ms", "share of error"],
+                      [[r.name, _ms(r.predicted_s), _ms(r.measured_s), f"{r.delta_s * 1e3:+,.3f}",
+                        _share(c.share(r.delta_s))] for r in rows], left={0}), ""]
+    out.append("largest mismatches, kernel time per step by phase and category (summed durations; "
+               "kernel events carry no shapes)")
+    rows = []
+    for rec in c.kernels.head(top).to_dict("records"):
+        rows.append([rec["phase"] or "-", rec["category"], _ms(rec["time_s_predicted"]), f"{rec['count_predicted']:g}",
+                     _ms(rec["time_s_measured"]), f"{rec['count_measured']:g}", f"{rec['delta_s'] * 1e3:+,.3f}",
+                     _share(c.share(rec["delta_s"]))])
+    out.append(table(["phase", "category", "pred ms", "pred ops", "meas ms", "meas kernels", "delta ms", "share"], rows,
+                     left={0, 1}))
+    for rec in c.kernels.head(min(top, 3)).to_dict("records"):
+        label = f"{rec['phase'] or '-'} {rec['category']}"
+        for side in ("measured", "predicted"):
+            names = "; ".join(f"{n.removeprefix('void ')[:70]} {t * 1e3:.2f} ms" for n, t in rec[f"top_{side}"])
+            if names:
+                out.append(f"  {label}, largest {side}: {names}")
+    for n in c.notes:
+        out.append(f"note: {n}")
+    return "\n".join(out) + "\n"

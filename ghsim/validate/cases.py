@@ -173,11 +173,16 @@ def case_hardware(case: Case):
                               base.source_file)
 
 
+def case_model(case: Case):
+    """The case's model: a catalog name, or the shape its case.toml spells out."""
+    return (load_model(case.model_table["name"]) if set(case.model_table) == {"name"}
+            else model_from_dict(case.model_table, str(case.folder / "case.toml"), case.name))
+
+
 def run_case(case: Case, with_trace: bool = True) -> CaseResult:
     from ghsim.simulate import simulate
 
-    model = (load_model(case.model_table["name"]) if set(case.model_table) == {"name"}
-             else model_from_dict(case.model_table, str(case.folder / "case.toml"), case.name))
+    model = case_model(case)
     hw = case_hardware(case)
     measured = {"step_time_s": float(case.measured["step_time_s"])}
     if "peak_allocated_bytes" in case.measured:
