@@ -74,7 +74,8 @@ class LaunchCosts:
         measured = cal.framework_overhead.get(cls.variant(plan))
         if measured is None:  # no framework measurement: the profile's bare launch cost
             return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
-        return cls(*measured)
+        # measured on the calibration's host; another host (Grace) runs the same path at its own speed
+        return cls(*(s * hw.host_path_factor for s in measured))
 
     def per_kernel(self, phase: str) -> float:
         if phase in _BACKWARD_PHASES:
@@ -152,9 +153,9 @@ class CostModel:
     # --- host side ------------------------------------------------------------
     def host_work_time(self, op: Op) -> float:
         """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module."""
-        if op.variant == ZERO3_HOOKS:
+        if op.variant == ZERO3_HOOKS:  # measured on the calibration's x86 host
             fwd_s, bwd_s = zero3_hook_seconds()
-            return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
+            return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s) * self.hw.host_path_factor
         return op.seconds
 
     def cpu_optimizer_time(self, params: float, impl: str) -> float:
@@ -180,7 +181,7 @@ class CostModel:
         if op.phase == _OPT_PHASE:
             # plain eager ops around the optimizer (DeepSpeed's per-tensor norm checks, casts):
             # the measured cost of a small eager op, no autograd or optimizer bookkeeping
-            return op.kernels * self.cal.eager_op_s
+            return op.kernels * self.cal.eager_op_s * self.hw.host_path_factor
         return op.kernels * self.launch.per_kernel(op.phase)
 
     def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:
