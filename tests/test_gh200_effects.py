@@ -10,8 +10,8 @@ the prediction the right way. The figures are the profiles' (each cited there):
   a 25 GB/s NIC each: tensor and data parallel collectives are faster on the quad node.
 - LPDDR5X: less host memory bandwidth never speeds an offload step.
 - Grace's launch path: host seconds per op 2.46x an x86 host's (NVIDIA/TransformerEngine issue
-  #2053), applied to every host cost measured on the calibration's x86 host; a launch-bound step
-  is slower on a GH200 than on an H100 SXM, a GPU-bound one is not.
+  #2053), applied to the per-op host costs measured on the calibration's x86 host; a launch-bound
+  step is slower on a GH200 than on an H100 SXM, a GPU-bound one is not.
 """
 
 from __future__ import annotations

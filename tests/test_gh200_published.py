@@ -48,7 +48,7 @@ def test_sailor_accuracy_does_not_regress(sailor):
 def test_eth_memory_stays_close_and_step_time_is_reported(eth):
     s = summary(eth)
     assert s["peak_memory_rel"]["median"] <= 0.08
-    assert s["step_time_rel"]["median"] <= 0.15  # the target; today 0.126 (0.39 before Grace's launch path)
+    assert s["step_time_rel"]["median"] <= 0.15  # the target; today 0.145 (0.39 before Grace's launch path)
 
 
 def test_a_published_case_keeps_the_profile_cpu_adam_rate():

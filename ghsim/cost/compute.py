@@ -153,9 +153,11 @@ class CostModel:
     # --- host side ------------------------------------------------------------
     def host_work_time(self, op: Op) -> float:
         """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module."""
-        if op.variant == ZERO3_HOOKS:  # measured on the calibration's x86 host
+        if op.variant == ZERO3_HOOKS:
+            # measured on an x86 host; host_path_factor measured one op's dispatch and launch, not
+            # DeepSpeed's Python parameter coordinator, so the hooks keep the x86 figure (assumed)
             fwd_s, bwd_s = zero3_hook_seconds()
-            return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s) * self.hw.host_path_factor
+            return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
         return op.seconds
 
     def cpu_optimizer_time(self, params: float, impl: str) -> float:
