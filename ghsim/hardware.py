@@ -7,6 +7,7 @@ are converted to SI units (bytes, bytes/s, FLOP/s, seconds).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,8 @@ def _host_path_factor(f: _Profile, t: dict[str, Any]) -> float:
     if "host_path_factor" not in t:
         return 1.0
     v = f.figure(t, "host_path_factor", "launch")
-    if v <= 0:
-        raise GhsimError(f"{f.where} [launch]: 'host_path_factor' must be positive")
+    if not 0 < v < math.inf:
+        raise GhsimError(f"{f.where} [launch]: 'host_path_factor' must be a positive finite number")
     return v
 
 

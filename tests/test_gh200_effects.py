@@ -109,6 +109,7 @@ def test_a_launch_bound_step_is_slower_on_grace_and_a_gpu_bound_one_is_not():
         simulate(big, h100, gpu_bound, keep_timeline=False).step_time_s
 
 
-def test_a_host_path_factor_must_be_positive():
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_host_path_factor_must_be_positive_and_finite(bad):
     with pytest.raises(GhsimError, match="host_path_factor"):
-        load_hardware("gh200-96gb", {"launch.host_path_factor": _fig(0)})
+        load_hardware("gh200-96gb", {"launch.host_path_factor": _fig(bad)})
