@@ -7,6 +7,7 @@ are converted to SI units (bytes, bytes/s, FLOP/s, seconds).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ class Hardware:
     kernel_launch_s: float
     cuda_graph_kernel_s: float
     price_per_gpu_hour: float
+    # host seconds per launched op relative to the calibration's (x86) host: Grace's launch path
+    host_path_factor: float = 1.0
     source_file: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -175,12 +178,23 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
         network=_link(f, net_t, "network", per_peer=False),
         kernel_launch_s=f.figure(launch_t, "kernel_launch_us", "launch") * 1e-6,
         cuda_graph_kernel_s=f.figure(launch_t, "cuda_graph_kernel_us", "launch") * 1e-6,
+        host_path_factor=_host_path_factor(f, launch_t),
         price_per_gpu_hour=(
             sourced(d, "price_per_gpu_hour_usd", where) if price is not None else 0.0
         ),
         source_file=where,
         raw=d,
     )
+
+
+def _host_path_factor(f: _Profile, t: dict[str, Any]) -> float:
+    """A profile whose host runs the launch path at another speed than the calibration's host says so."""
+    if "host_path_factor" not in t:
+        return 1.0
+    v = f.figure(t, "host_path_factor", "launch")
+    if not 0 < v < math.inf:
+        raise GhsimError(f"{f.where} [launch]: 'host_path_factor' must be a positive finite number")
+    return v
 
 
 def _memory_tier(f: _Profile, name: str, t: dict[str, Any], default_kind: str) -> MemoryTier:

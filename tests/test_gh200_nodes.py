@@ -109,3 +109,4 @@ def test_hardware_listing_names_node_size_and_assumed_figures():
     out = CliRunner().invoke(main, ["hardware"]).output
     quad = next(line for line in out.splitlines() if line.startswith("gh200-96gb-quad"))
     assert "4 GPU(s)/node" in quad and "assumed: " in quad and "unified_memory.migration_gbps" in quad
+    assert "host path x2.46" in quad  # Grace's launch path against the calibration's x86 host

@@ -81,4 +81,7 @@ def test_c2c_never_loses_to_pcie(cal, d, unified):
     pcie_link = dataclasses.replace(gh, host_link=PROFILES["h100-pcie"].host_link)  # same GPU, CPU, memory
     c2c = simulate(TINY, gh, plan, cal, keep_timeline=False)
     pcie = simulate(TINY, pcie_link, plan, cal, keep_timeline=False)
-    assert c2c.step_time_s <= pcie.step_time_s * (1 + 1e-9)
+    # SuperOffload's Superchip-aware casting issues a few more ops on C2C (casts on the GPU); when
+    # Grace's launch path bounds the step (host_path_factor), those launches can cost more than the
+    # faster link saves: at most a few launches
+    assert c2c.step_time_s <= pcie.step_time_s * (1 + 1e-9) + 4 * gh.kernel_launch_s

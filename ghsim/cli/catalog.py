@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
+
+if TYPE_CHECKING:
+    from ghsim.hardware import Hardware
 
 
 @click.command()
@@ -36,4 +41,9 @@ def hardware() -> None:
         assumed = assumed_figures(hw)
         click.echo(f"{name:<18} HBM {hw.hbm.capacity_bytes / 1e9:5.0f} GB {hw.hbm.bandwidth / 1e12:4.1f} TB/s  "
                    f"bf16 {hw.peak_flops['bf16'] / 1e12:6.1f} TF  host link {hw.host_link.kind}  "
-                   f"{hw.gpus_per_node} GPU(s)/node  assumed: {', '.join(assumed) if assumed else 'none'}")
+                   f"{hw.gpus_per_node} GPU(s)/node  {_host_path(hw)}assumed: {', '.join(assumed) if assumed else 'none'}")
+
+
+def _host_path(hw: Hardware) -> str:
+    """A host that runs the launch path at another speed than the calibration's (Grace) says so."""
+    return f"host path x{hw.host_path_factor:.2f}  " if hw.host_path_factor != 1.0 else ""

@@ -75,7 +75,8 @@ class LaunchCosts:
         measured = cal.framework_overhead.get(cls.variant(plan))
         if measured is None:  # no framework measurement: the profile's bare launch cost
             return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
-        return cls(*measured)
+        # measured on the calibration's host; another host (Grace) runs the same path at its own speed
+        return cls(*(s * hw.host_path_factor for s in measured))
 
     def per_kernel(self, phase: str) -> float:
         if phase in _BACKWARD_PHASES:
@@ -158,6 +159,8 @@ class CostModel:
     def host_work_time(self, op: Op) -> float:
         """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module."""
         if op.variant == ZERO3_HOOKS:
+            # measured on an x86 host; host_path_factor measured one op's dispatch and launch, not
+            # DeepSpeed's Python parameter coordinator, so the hooks keep the x86 figure (assumed)
             fwd_s, bwd_s = zero3_hook_seconds()
             return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
         return op.seconds
@@ -185,7 +188,7 @@ class CostModel:
         if op.phase == _OPT_PHASE:
             # plain eager ops around the optimizer (DeepSpeed's per-tensor norm checks, casts):
             # the measured cost of a small eager op, no autograd or optimizer bookkeeping
-            return op.kernels * self.cal.eager_op_s
+            return op.kernels * self.cal.eager_op_s * self.hw.host_path_factor
         return op.kernels * self.launch.per_kernel(op.phase)
 
     def kernel_gap(self, op: Op, cuda_graphs: bool) -> float:

@@ -69,7 +69,7 @@ published = true
 source = "github.com/{REPO} commit {COMMIT}, {WHERE}/{path} (real, max_mem)"
 system = "CSCS Clariden (Alps): quad GH200 nodes, Slingshot-11, one NIC per GH200"
 method = "Megatron-DeepSpeed pretrain_gpt.py via DeepSpeed's PipelineEngine (also for PP 1), 10 iterations; step time = mean of the iteration times after the first 3 (process_results.py); memory = nvidia-smi memory.used (device total: CUDA context, NCCL buffers and the caching allocator's reserve included), largest over ranks"
-peak_memory_kind = "nvidia-smi memory.used, not torch max_memory_allocated"
+peak_memory_kind = "nvidia-smi"  # memory.used, the device total; compared with the predicted device total (ghsim/cost/device_memory.py)
 layer_split_note = "Sailor splits 26 'layers' (embedding, 24 blocks, head) unevenly over the stages (PP 2: 12+14, PP 4: 5+7+7+7); ghsim splits the 24 blocks evenly"
 
 {MODEL}
