@@ -1,0 +1,212 @@
+"""Fit a calibration overlay (cost/overlay.py) on one measured run: `ghsim calibrate --trace`.
+
+The run's trace window is matched to ghsim's prediction of the same plan (traces/matching.py),
+then, in this order, each figure the trace shows is fitted as measured / predicted time:
+1. kernel time per category (GEMM and attention per dtype); communication is not fitted, since
+   an NCCL kernel's duration includes the time it waits for its peers;
+2. host<->device copy time per direction (the achieved rate, bytes over time);
+3. GPU idle between back-to-back kernels (gaps under 10 us) against the predicted launch gaps;
+4. what is left of the step time, where the prediction says the GPU waits on the host: the CPU
+   optimizer's time when an offloaded optimizer keeps the GPU waiting, else the host time per
+   launched kernel when the host launch path does. A GPU-bound step constrains neither, and
+   neither is fitted from it.
+A trace that does not describe the stated plan (another GPU, a model of another size, another
+framework's kernels) is refused with the reason instead of fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+from ghsim.cost.calibration import Calibration
+from ghsim.cost.overlay import (COPY_DIRECTIONS, FACTOR_RANGE, Figure, Overlay, apply, cpu_optimizer_key, kernel_key, launch_key,
+                                model_shape)
+from ghsim.errors import GhsimError
+from ghsim.graph.ops import Category, Kind
+from ghsim.hardware import Hardware, gpu_chips
+from ghsim.model import ModelSpec
+from ghsim.plan import Plan
+from ghsim.report.step_report import Stall
+from ghsim.traces.matching import MeasuredWindow, StepFigures, match_categories, measure, predicted
+
+PLAN_MATCH = (0.6, 1 / 0.6)  # measured / predicted GEMM time or kernel count beyond this: another plan
+RESIDUAL_SHARE = 0.05  # a host wait under this share of the predicted step constrains nothing
+MINOR_SHARE = 0.01  # a kernel category under this share of the kernel time on either side is not fitted
+_GEMM_KINDS = {Category.GEMM: (Kind.GEMM,), Category.ATTENTION: (Kind.ATTN_FWD, Kind.ATTN_BWD)}
+
+Simulator = Callable[[Calibration], object]  # calibration -> StepReport of the stated plan
+
+
+def check_gpu(window: MeasuredWindow, hw: Hardware) -> None:
+    measured, profile = gpu_chips(window.gpu_name or ""), gpu_chips(hw.gpu_model)
+    if measured and profile and not measured & profile:
+        raise GhsimError(f"{window.source}: measured on {window.gpu_name}, not on {hw.name}'s {hw.gpu_model}; "
+                         f"give --hardware the profile of the GPU the trace ran on")
+
+
+def check_plan(window: MeasuredWindow, pred: StepFigures, plan: Plan) -> None:
+    """Refuse a trace whose GEMM time, kernel count or optimizer kernels say it ran another plan."""
+    m = window.figures
+    where = f"{window.source} ({window.label})"
+    gemm_m, gemm_p = m.kernel_s.get(Category.GEMM, 0.0), pred.kernel_s.get(Category.GEMM, 0.0)
+    if gemm_p > 0 and not PLAN_MATCH[0] <= gemm_m / gemm_p <= PLAN_MATCH[1]:
+        raise GhsimError(f"{where}: its GEMM kernels take {gemm_m * 1e3:.1f} ms per step, the stated plan "
+                         f"({plan.flags()}) predicts {gemm_p * 1e3:.1f} ms ({gemm_m / gemm_p:.2f}x): a model of "
+                         f"another size, or another micro-batch, sequence or precision? give the run's own flags")
+    if pred.kernel_count and m.kernel_count and not PLAN_MATCH[0] <= m.kernel_count / pred.kernel_count <= PLAN_MATCH[1]:
+        raise GhsimError(f"{where}: {m.kernel_count:.0f} kernels per step, the stated plan launches "
+                         f"{pred.kernel_count:.0f}: a model of another depth, another framework (fused vs eager kernels) "
+                         f"or recompute? give the run's own --model, --framework and plan flags")
+    opt_m, opt_p = m.kernel_s.get(Category.OPTIMIZER, 0.0), pred.kernel_s.get(Category.OPTIMIZER, 0.0)
+    if opt_p > 0 and opt_m == 0:
+        raise GhsimError(f"{where}: no optimizer kernels, while the stated plan runs AdamW on the GPU "
+                         f"({opt_p * 1e3:.1f} ms per step): was the optimizer offloaded (--offload optimizer)?")
+    if opt_m > 0.05 * sum(m.kernel_s.values()) and opt_p == 0:
+        raise GhsimError(f"{where}: optimizer kernels take {opt_m * 1e3:.1f} ms per step, while the stated plan "
+                         f"runs the optimizer on the host: drop --offload optimizer?")
+
+
+def _dominant_dtype(report, category: str) -> str:
+    """The dtype most of a category's predicted kernel time runs in (the key its factor is kept under)."""
+    tl = report.timeline
+    by_dtype: dict[str, float] = {}
+    for i, op in enumerate(tl.ops if tl is not None else ()):
+        if op.kind in _GEMM_KINDS[category]:
+            by_dtype[op.dtype] = by_dtype.get(op.dtype, 0.0) + float(tl.schedule.end[i] - tl.schedule.start[i])
+    return max(by_dtype, key=by_dtype.get) if by_dtype else "bf16"
+
+
+def _attention_shapes(report) -> tuple[tuple[int, ...], ...]:
+    tl = report.timeline
+    return tuple(sorted({tuple(op.shape) for op in (tl.ops if tl is not None else ())
+                         if op.kind in _GEMM_KINDS[Category.ATTENTION] and op.shape}))
+
+
+def _checked(factor: float, what: str, where: str) -> float:
+    if not FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]:
+        raise GhsimError(f"{where}: {what} is {factor:.3g}x the prediction, beyond what a correction of this plan "
+                         f"can be ({FACTOR_RANGE[0]}-{FACTOR_RANGE[1]}x): is it the run of the stated plan?")
+    return factor
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def fit_overlay(trace, steps: str | None, model: ModelSpec, model_name: str, hw: Hardware, plan: Plan,
+                cal: Calibration, simulate: Simulator, out_path: str = "") -> Overlay:
+    """The overlay that makes ghsim's prediction of `plan` match the trace window's step."""
+    window = measure(trace, steps)
+    check_gpu(window, hw)
+    report = simulate(cal)
+    pred = predicted(report)
+    check_plan(window, pred, plan)
+    m = window.figures
+    cite = f"{Path(trace.source).name} {window.label} ({window.steps} step{'s' if window.steps > 1 else ''}" \
+           f"{', ' + window.gpu_name if window.gpu_name else ''}; plan {plan.flags()})"
+    where = f"{trace.source} ({window.label})"
+    kernel, copy, host, not_fitted = {}, {}, {}, {}
+    total_m, total_p = sum(m.kernel_s.values()) or 1.0, sum(pred.kernel_s.values()) or 1.0
+    for match in match_categories(m, pred):
+        c = match.category
+        if c == Category.COMMUNICATION:
+            if match.measured_s:
+                not_fitted[c] = ("NCCL kernels' durations include the time they wait for their peers "
+                                 f"({_ms(match.measured_s)}/step measured, {_ms(match.predicted_s)} predicted)")
+            continue
+        if min(match.measured_s / total_m, match.predicted_s / total_p) < MINOR_SHARE:
+            if match.measured_s or match.predicted_s:
+                not_fitted[c] = (f"{_ms(match.measured_s)}/step measured, {_ms(match.predicted_s)} predicted: "
+                                 f"under {MINOR_SHARE:.0%} of the kernel time on one side, too little to scale")
+            continue
+        key = kernel_key(c, _dominant_dtype(report, c) if c in _GEMM_KINDS else "")
+        shapes = _attention_shapes(report) if c == Category.ATTENTION else ()
+        at = f" at (batch, heads, kv heads, seq, head dim) {', '.join(map(str, shapes))}" if shapes else ""
+        kernel[key] = Figure(_checked(match.ratio, f"{c} kernel time", where),
+                             f"{cite}: {c} kernels {_ms(match.measured_s)}/step measured vs {_ms(match.predicted_s)} "
+                             f"predicted{at}", {"measured_ms": match.measured_s * 1e3,
+                                                "predicted_ms": match.predicted_s * 1e3}, shapes)
+    for d in COPY_DIRECTIONS:
+        mc, pc = m.copies[d], pred.copies[d]
+        if mc.bytes and mc.seconds and pc.rate:
+            copy[d] = Figure(_checked(pc.rate / mc.rate, f"{d} copy time", where),
+                             f"{cite}: {d} copies {mc.bytes / 1e9:.2f} GB/step at {mc.rate / 1e9:.1f} GB/s measured "
+                             f"({', '.join(m.memory_kinds) or 'host memory kind not recorded'}) vs "
+                             f"{pc.rate / 1e9:.1f} GB/s predicted",
+                             {"measured_GBps": mc.rate / 1e9, "predicted_GBps": pc.rate / 1e9})
+        elif mc.bytes or pc.bytes:
+            not_fitted[f"copy_{d}"] = (f"{mc.bytes / 1e9:.2f} GB/step measured, {pc.bytes / 1e9:.2f} GB predicted: "
+                                       f"nothing on one side to scale")
+    if m.small_gap_s and pred.small_gap_s:
+        host["kernel_gap"] = Figure(
+            _checked(m.small_gap_s / pred.small_gap_s, "idle between kernels", where),
+            f"{cite}: GPU idle in gaps under 10 us {_ms(m.small_gap_s)}/step measured vs {_ms(pred.small_gap_s)} "
+            f"predicted launch gaps", {"measured_ms": m.small_gap_s * 1e3, "predicted_ms": pred.small_gap_s * 1e3})
+    overlay = Overlay(out_path, hw.name, hw.gpu_model, window.gpu_name or "", cal.name, model_name,
+                      model_shape(model), plan.flags(), plan.precision.value, str(trace.source), window.label, kernel, copy, host, not_fitted)
+    return _fit_host_wait(overlay, window, cal, plan, simulate, cite)
+
+
+def _fit_host_wait(overlay: Overlay, window: MeasuredWindow, cal: Calibration, plan: Plan, simulate: Simulator,
+                   cite: str) -> Overlay:
+    """Fit the remaining step time to the host wait the prediction shows (see the module docstring)."""
+    from dataclasses import replace
+
+    report = simulate(apply(cal, overlay))
+    step, target = report.step_time_s, window.figures.step_time_s
+    waits = report.time_breakdown_s
+    figure, wait = None, 0.0
+    impl = _cpu_impl(report)
+    for name, key in ((cpu_optimizer_key(impl) if impl else "", Stall.WAIT_CPU), (launch_key(plan), Stall.WAIT_HOST_LAUNCH)):
+        if name and waits.get(key, 0.0) >= RESIDUAL_SHARE * step:
+            figure, wait = name, waits[key]
+            break
+    notes = dict(overlay.not_fitted)
+    if figure is None:
+        notes["host"] = (f"the GPU waited on the host {sum(waits.get(k, 0.0) for k in (Stall.WAIT_CPU, Stall.WAIT_HOST_LAUNCH)) * 1e3:.1f} ms "
+                         f"of the {step * 1e3:.1f} ms predicted step: host time per kernel and the CPU optimizer's "
+                         f"rate are not constrained by this trace ({target * 1e3:.1f} ms measured)")
+        return replace(overlay, not_fitted=notes)
+
+    def step_with(f: float) -> float:
+        trial = replace(overlay, host={**overlay.host, figure: Figure(f, "")})
+        return simulate(apply(cal, trial)).step_time_s
+
+    factor = _solve(step_with, target)
+    what = "host time per launched kernel" if figure.startswith("launch:") else f"CPU optimizer ({impl}) time"
+    source = (f"{cite}: step {target * 1e3:.1f} ms measured (fastest of {len(window.step_times_s) or 1}) vs "
+              f"{step * 1e3:.1f} ms predicted after the kernel, copy and gap factors, of which "
+              f"{wait * 1e3:.1f} ms the GPU waits on the {what}; this factor on it closes the difference")
+    lo, hi = FACTOR_RANGE
+    if factor <= lo * 1.01 or factor >= hi * 0.99:
+        notes[figure] = f"{what}: no factor in [{lo}, {hi}] matches the measured step ({source})"
+        return replace(overlay, not_fitted=notes)
+    return replace(overlay, host={**overlay.host, figure: Figure(factor, source, {
+        "measured_step_ms": target * 1e3, "predicted_step_ms": step * 1e3, "predicted_wait_ms": wait * 1e3})},
+        not_fitted=notes)
+
+
+def _cpu_impl(report) -> str | None:
+    """The CPU AdamW implementation the predicted step runs on the host, if any."""
+    for op in report.timeline.ops if report.timeline is not None else ():
+        if op.kind == Kind.OPT_CPU:
+            return str(getattr(op.variant, "value", op.variant))
+    return None
+
+
+def _solve(step_with: Callable[[float], float], target: float, iterations: int = 14) -> float:
+    """The factor whose simulated step matches `target` (the step grows with it): bisection in log space."""
+    lo, hi = (math.log(x) for x in FACTOR_RANGE)
+    if step_with(math.exp(lo)) >= target:
+        return math.exp(lo)
+    if step_with(math.exp(hi)) <= target:
+        return math.exp(hi)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if step_with(math.exp(mid)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
