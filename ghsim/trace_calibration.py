@@ -154,8 +154,13 @@ def _fit_host_wait(overlay: Overlay, window: MeasuredWindow, cal: Calibration, p
     """Fit the remaining step time to the host wait the prediction shows (see the module docstring)."""
     from dataclasses import replace
 
+    notes = dict(overlay.not_fitted)
+    target = window.figures.step_time_s
+    if target is None:
+        notes["host"] = "the input has no timeline (nsys stats CSV): no step time to fit host time against"
+        return replace(overlay, not_fitted=notes)
     report = simulate(apply(cal, overlay))
-    step, target = report.step_time_s, window.figures.step_time_s
+    step = report.step_time_s
     waits = report.time_breakdown_s
     figure, wait = None, 0.0
     impl = _cpu_impl(report)
@@ -163,7 +168,6 @@ def _fit_host_wait(overlay: Overlay, window: MeasuredWindow, cal: Calibration, p
         if name and waits.get(key, 0.0) >= RESIDUAL_SHARE * step:
             figure, wait = name, waits[key]
             break
-    notes = dict(overlay.not_fitted)
     if figure is None:
         notes["host"] = (f"the GPU waited on the host {sum(waits.get(k, 0.0) for k in (Stall.WAIT_CPU, Stall.WAIT_HOST_LAUNCH)) * 1e3:.1f} ms "
                          f"of the {step * 1e3:.1f} ms predicted step: host time per kernel and the CPU optimizer's "

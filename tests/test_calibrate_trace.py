@@ -197,3 +197,35 @@ def test_microbenchmark_mode_keeps_its_contract(tmp_path):
     assert code == 2 and "--trace" in stderr
     code, _, stderr = run("calibrate", "x.json", "--reference", "h100-sxm", "--micro-batch", "4")
     assert code == 2 and "only with --trace" in stderr
+
+
+def test_an_nsys_stats_csv_of_the_same_steps_fits_the_same_kernel_factors(tmp_path, model_file, overlay):
+    """An aggregate-only input: its totals, divided by the steps --steps says it holds, give the kernel
+    factors the timeline gives (the CSV here: the Kineto trace's steps 2-3, summed per kernel name)."""
+    import csv
+
+    from ghsim.traces import load_trace
+
+    trace = load_trace(CASES / SOURCE / "trace.pt.trace.json.xz")
+    span = trace.steps[trace.steps["step"].between(2, 3)]
+    k = trace.kernels
+    k = k[(k["start_ns"] >= span["start_ns"].min()) & (k["start_ns"] < span["end_ns"].max())]
+    totals = k.groupby("name", observed=True)["dur_ns"].agg(["sum", "count"])
+    path = tmp_path / "run_cuda_gpu_kern_sum.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
+                    "StdDev (ns)", "Name"])
+        for name, row in totals.iterrows():
+            w.writerow([0, int(row["sum"]), int(row["count"]), 0, 0, 0, 0, 0, name])
+    out = tmp_path / "o.toml"
+    code, stdout, stderr = run("calibrate", "--trace", str(path), "--model", model_file, "--hardware", "h200-sxm",
+                               "--micro-batch", "4", *PLAN, "--out", str(out))
+    assert code == 2 and "--steps A-B" in stderr  # totals only: which steps they hold must be said
+    code, stdout, _ = run("calibrate", "--trace", str(path), "--steps", "2-3", "--model", model_file,
+                          "--hardware", "h200-sxm", "--micro-batch", "4", *PLAN, "--out", str(out))
+    assert code == 0, stdout
+    csv_fit = read_overlay(out)
+    for key, f in overlay.kernel.items():
+        assert csv_fit.kernel[key].factor == pytest.approx(f.factor, rel=1e-9)
+    assert "host" in csv_fit.not_fitted and "kernel_gap" not in csv_fit.host  # no timeline: no gaps, no step

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES, Kind, Resource
 from ghsim.traces import events as ev
-from ghsim.traces.summary import summarize
+from ghsim.traces.summary import parse_steps, summarize
 
 COPY_DIRECTIONS = ("HtoD", "DtoH")  # what offload moves; DtoD copies are device work
 _COPY_KIND = {Kind.H2D: "HtoD", Kind.D2H: "DtoH"}
@@ -40,7 +40,7 @@ class CopyTotals:
 class StepFigures:
     """One step's figures, measured (averaged over a trace window) or predicted."""
 
-    step_time_s: float
+    step_time_s: float | None  # None: an aggregate-only input has no timeline to time a step on
     kernel_s: Mapping[str, float]  # category -> kernel seconds per step
     kernel_count: float | None  # kernels per step (None where the prediction does not count them)
     copies: Mapping[str, CopyTotals]  # HtoD / DtoH
@@ -67,8 +67,7 @@ def measure(trace: ev.TraceData, steps: str | None) -> MeasuredWindow:
     when it has none). The step time is the fastest step of the window: a profiler's flushes and
     a first step's allocations only lengthen steps."""
     if not trace.has_timeline:
-        raise GhsimError(f"{trace.source}: an nsys stats CSV has no timeline, so its steps cannot be told apart; "
-                         f"calibrate from the nsys SQLite export or a PyTorch profiler trace")
+        return _measure_aggregate(trace, steps)
     notes: list[str] = []
     try:
         s = summarize(trace, steps=steps or "all")
@@ -90,6 +89,28 @@ def measure(trace: ev.TraceData, steps: str | None) -> MeasuredWindow:
                           s.kernel_count / n, copies, (gaps.total_s / n) if gaps else None, small, kinds)
     return MeasuredWindow(trace.source, s.window, n, s.gpu_name, figures, tuple(s.step_times_s),
                           tuple(notes) + tuple(s.notes))
+
+
+def _measure_aggregate(trace: ev.TraceData, steps: str | None) -> MeasuredWindow:
+    """An nsys stats CSV: totals over the whole capture, with no timeline to cut steps from. The
+    user's --steps A-B says which steps the capture holds; totals are divided by their number."""
+    if not steps:
+        raise GhsimError(f"{trace.source}: an nsys stats CSV has totals only, no timeline; say which steps the "
+                         f"capture holds with --steps A-B (its totals are divided by their number), or calibrate "
+                         f"from the nsys SQLite export")
+    lo, hi = parse_steps(steps)
+    n = hi - lo + 1
+    s = summarize(trace)
+    if not s.kernel_time_s:
+        raise GhsimError(f"{trace.source}: no GPU kernels in it: nothing to calibrate from")
+    copies = {d: CopyTotals(s.memcpy[d].bytes / n, s.memcpy[d].time_s / n, s.memcpy[d].count / n)
+              for d in COPY_DIRECTIONS}
+    figures = StepFigures(None, {c: s.kernel_time_by_category_s.get(c, 0.0) / n for c in KERNEL_CATEGORIES},
+                          s.kernel_count / n, copies)
+    note = (f"aggregate-only input: its totals are taken as steps {lo}-{hi} ({n} steps); no step time, idle "
+            f"gaps or launch gaps to fit")
+    return MeasuredWindow(trace.source, f"steps {lo}-{hi} (totals / {n})", n, s.gpu_name, figures, (),
+                          (note,) + tuple(s.notes))
 
 
 def _copy_memory_kinds(trace: ev.TraceData, device: int | None) -> tuple[str, ...]:
