@@ -115,7 +115,8 @@ def main(argv: list[str]) -> None:
     print(f"uncalibrated: median |error| {np.median(before):.1%}, worst {max(before):.1%}")
     print(f"calibrated (every pair): median |error| {np.median(pairs):.1%}, worst {max(pairs):.1%}; "
           f"{sum(p <= 0.05 for p in pairs)} of {len(pairs)} pairs within 5%")
-    print(f"calibrated (each case's median over its sources): median {np.median(per_case):.1%}, worst {max(per_case):.1%}")
+    print(f"calibrated (each case's median over its sources): median {np.median(per_case):.1%}, "
+          f"worst {max(per_case):.1%}")
 
 
 if __name__ == "__main__":

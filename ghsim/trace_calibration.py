@@ -17,12 +17,13 @@ framework's kernels) is refused with the reason instead of fitted.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration
-from ghsim.cost.overlay import (COPY_DIRECTIONS, FACTOR_RANGE, Figure, Overlay, apply, cpu_optimizer_key, kernel_key, launch_key,
-                                model_shape)
+from ghsim.cost.overlay import (COPY_DIRECTIONS, FACTOR_RANGE, Figure, Overlay, apply, cpu_optimizer_key, kernel_key,
+                                launch_key, model_shape)
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import Category, Kind
 from ghsim.hardware import Hardware, gpu_chips
@@ -34,7 +35,7 @@ from ghsim.traces.matching import MeasuredWindow, StepFigures, match_categories,
 PLAN_MATCH = (0.6, 1 / 0.6)  # measured / predicted GEMM time or kernel count beyond this: another plan
 RESIDUAL_SHARE = 0.05  # a host wait under this share of the predicted step constrains nothing
 MINOR_SHARE = 0.01  # a kernel category under this share of the kernel time on either side is not fitted
-_GEMM_KINDS = {Category.GEMM: (Kind.GEMM,), Category.ATTENTION: (Kind.ATTN_FWD, Kind.ATTN_BWD)}
+_KINDS_OF = {Category.GEMM: (Kind.GEMM,), Category.ATTENTION: (Kind.ATTN_FWD, Kind.ATTN_BWD)}
 
 Simulator = Callable[[Calibration], object]  # calibration -> StepReport of the stated plan
 
@@ -55,10 +56,11 @@ def check_plan(window: MeasuredWindow, pred: StepFigures, plan: Plan) -> None:
         raise GhsimError(f"{where}: its GEMM kernels take {gemm_m * 1e3:.1f} ms per step, the stated plan "
                          f"({plan.flags()}) predicts {gemm_p * 1e3:.1f} ms ({gemm_m / gemm_p:.2f}x): a model of "
                          f"another size, or another micro-batch, sequence or precision? give the run's own flags")
-    if pred.kernel_count and m.kernel_count and not PLAN_MATCH[0] <= m.kernel_count / pred.kernel_count <= PLAN_MATCH[1]:
-        raise GhsimError(f"{where}: {m.kernel_count:.0f} kernels per step, the stated plan launches "
-                         f"{pred.kernel_count:.0f}: a model of another depth, another framework (fused vs eager kernels) "
-                         f"or recompute? give the run's own --model, --framework and plan flags")
+    counts = (m.kernel_count, pred.kernel_count)
+    if all(counts) and not PLAN_MATCH[0] <= counts[0] / counts[1] <= PLAN_MATCH[1]:
+        raise GhsimError(f"{where}: {counts[0]:.0f} kernels per step, the stated plan launches {counts[1]:.0f}: a "
+                         f"model of another depth, another framework (fused vs eager kernels) or recompute? give "
+                         f"the run's own --model, --framework and plan flags")
     opt_m, opt_p = m.kernel_s.get(Category.OPTIMIZER, 0.0), pred.kernel_s.get(Category.OPTIMIZER, 0.0)
     if opt_p > 0 and opt_m == 0:
         raise GhsimError(f"{where}: no optimizer kernels, while the stated plan runs AdamW on the GPU "
@@ -73,7 +75,7 @@ def _dominant_dtype(report, category: str) -> str:
     tl = report.timeline
     by_dtype: dict[str, float] = {}
     for i, op in enumerate(tl.ops if tl is not None else ()):
-        if op.kind in _GEMM_KINDS[category]:
+        if op.kind in _KINDS_OF[category]:
             by_dtype[op.dtype] = by_dtype.get(op.dtype, 0.0) + float(tl.schedule.end[i] - tl.schedule.start[i])
     return max(by_dtype, key=by_dtype.get) if by_dtype else "bf16"
 
@@ -81,10 +83,10 @@ def _dominant_dtype(report, category: str) -> str:
 def _attention_shapes(report) -> tuple[tuple[int, ...], ...]:
     tl = report.timeline
     return tuple(sorted({tuple(op.shape) for op in (tl.ops if tl is not None else ())
-                         if op.kind in _GEMM_KINDS[Category.ATTENTION] and op.shape}))
+                         if op.kind in _KINDS_OF[Category.ATTENTION] and op.shape}))
 
 
-def _checked(factor: float, what: str, where: str) -> float:
+def _checked(factor: float | None, what: str, where: str) -> float:
     if not FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]:
         raise GhsimError(f"{where}: {what} is {factor:.3g}x the prediction, beyond what a correction of this plan "
                          f"can be ({FACTOR_RANGE[0]}-{FACTOR_RANGE[1]}x): is it the run of the stated plan?")
@@ -103,75 +105,99 @@ def fit_overlay(trace, steps: str | None, model: ModelSpec, model_name: str, hw:
     report = simulate(cal)
     pred = predicted(report)
     check_plan(window, pred, plan)
-    m = window.figures
-    cite = f"{Path(trace.source).name} {window.label} ({window.steps} step{'s' if window.steps > 1 else ''}" \
-           f"{', ' + window.gpu_name if window.gpu_name else ''}; plan {plan.flags()})"
-    where = f"{trace.source} ({window.label})"
-    kernel, copy, host, not_fitted = {}, {}, {}, {}
+    s = "s" if window.steps > 1 else ""
+    cite = Cite(f"{Path(trace.source).name} {window.label} ({window.steps} step{s}"
+                f"{', ' + window.gpu_name if window.gpu_name else ''}; plan {plan.flags()})",
+                f"{trace.source} ({window.label})")
+    not_fitted: dict[str, str] = {}
+    kernel = _kernel_figures(window.figures, pred, report, cite, not_fitted)
+    copy = _copy_figures(window.figures, pred, cite, not_fitted)
+    host = _gap_figure(window.figures, pred, cite)
+    overlay = Overlay(out_path, hw.name, hw.gpu_model, window.gpu_name or "", cal.name, model_name, model_shape(model),
+                      plan.flags(), plan.precision.value, str(trace.source), window.label, kernel, copy, host,
+                      not_fitted)
+    return _fit_host_wait(overlay, window, cal, plan, simulate, cite.text)
+
+
+@dataclass(frozen=True)
+class Cite:
+    text: str  # what every figure's source starts with: trace file, window, GPU, plan
+    where: str  # the trace and window, for a refusal
+
+
+def _kernel_figures(m: StepFigures, pred: StepFigures, report, cite: Cite, not_fitted: dict) -> dict[str, Figure]:
+    """Measured / predicted kernel time per category (communication and minor categories left out)."""
+    out = {}
     total_m, total_p = sum(m.kernel_s.values()) or 1.0, sum(pred.kernel_s.values()) or 1.0
     for match in match_categories(m, pred):
-        c = match.category
+        c, meas, want = match.category, match.measured_s, match.predicted_s
         if c == Category.COMMUNICATION:
-            if match.measured_s:
-                not_fitted[c] = ("NCCL kernels' durations include the time they wait for their peers "
-                                 f"({_ms(match.measured_s)}/step measured, {_ms(match.predicted_s)} predicted)")
+            if meas:
+                not_fitted[c] = (f"NCCL kernels' durations include the time they wait for their peers "
+                                 f"({_ms(meas)}/step measured, {_ms(want)} predicted)")
             continue
-        if min(match.measured_s / total_m, match.predicted_s / total_p) < MINOR_SHARE:
-            if match.measured_s or match.predicted_s:
-                not_fitted[c] = (f"{_ms(match.measured_s)}/step measured, {_ms(match.predicted_s)} predicted: "
-                                 f"under {MINOR_SHARE:.0%} of the kernel time on one side, too little to scale")
+        if min(meas / total_m, want / total_p) < MINOR_SHARE:
+            if meas or want:
+                not_fitted[c] = (f"{_ms(meas)}/step measured, {_ms(want)} predicted: under {MINOR_SHARE:.0%} of "
+                                 f"the kernel time on one side, too little to scale")
             continue
-        key = kernel_key(c, _dominant_dtype(report, c) if c in _GEMM_KINDS else "")
         shapes = _attention_shapes(report) if c == Category.ATTENTION else ()
         at = f" at (batch, heads, kv heads, seq, head dim) {', '.join(map(str, shapes))}" if shapes else ""
-        kernel[key] = Figure(_checked(match.ratio, f"{c} kernel time", where),
-                             f"{cite}: {c} kernels {_ms(match.measured_s)}/step measured vs {_ms(match.predicted_s)} "
-                             f"predicted{at}", {"measured_ms": match.measured_s * 1e3,
-                                                "predicted_ms": match.predicted_s * 1e3}, shapes)
+        key = kernel_key(c, _dominant_dtype(report, c) if c in _KINDS_OF else "")
+        out[key] = Figure(_checked(match.ratio, f"{c} kernel time", cite.where),
+                          f"{cite.text}: {c} kernels {_ms(meas)}/step measured vs {_ms(want)} predicted{at}",
+                          {"measured_ms": meas * 1e3, "predicted_ms": want * 1e3}, shapes)
+    return out
+
+
+def _copy_figures(m: StepFigures, pred: StepFigures, cite: Cite, not_fitted: dict) -> dict[str, Figure]:
+    """Copy time per direction, as the ratio of the achieved rates (the prediction's copies may be
+    one micro-batch's, the trace's a whole step's)."""
+    out = {}
     for d in COPY_DIRECTIONS:
         mc, pc = m.copies[d], pred.copies[d]
         if mc.bytes and mc.seconds and pc.rate:
-            copy[d] = Figure(_checked(pc.rate / mc.rate, f"{d} copy time", where),
-                             f"{cite}: {d} copies {mc.bytes / 1e9:.2f} GB/step at {mc.rate / 1e9:.1f} GB/s measured "
-                             f"({', '.join(m.memory_kinds) or 'host memory kind not recorded'}) vs "
-                             f"{pc.rate / 1e9:.1f} GB/s predicted",
-                             {"measured_GBps": mc.rate / 1e9, "predicted_GBps": pc.rate / 1e9})
+            kinds = ", ".join(m.memory_kinds) or "host memory kind not recorded"
+            out[d] = Figure(_checked(pc.rate / mc.rate, f"{d} copy time", cite.where),
+                            f"{cite.text}: {d} copies {mc.bytes / 1e9:.2f} GB/step at {mc.rate / 1e9:.1f} GB/s "
+                            f"measured ({kinds}) vs {pc.rate / 1e9:.1f} GB/s predicted",
+                            {"measured_GBps": mc.rate / 1e9, "predicted_GBps": pc.rate / 1e9})
         elif mc.bytes or pc.bytes:
             not_fitted[f"copy_{d}"] = (f"{mc.bytes / 1e9:.2f} GB/step measured, {pc.bytes / 1e9:.2f} GB predicted: "
                                        f"nothing on one side to scale")
-    if m.small_gap_s and pred.small_gap_s:
-        host["kernel_gap"] = Figure(
-            _checked(m.small_gap_s / pred.small_gap_s, "idle between kernels", where),
-            f"{cite}: GPU idle in gaps under 10 us {_ms(m.small_gap_s)}/step measured vs {_ms(pred.small_gap_s)} "
-            f"predicted launch gaps", {"measured_ms": m.small_gap_s * 1e3, "predicted_ms": pred.small_gap_s * 1e3})
-    overlay = Overlay(out_path, hw.name, hw.gpu_model, window.gpu_name or "", cal.name, model_name,
-                      model_shape(model), plan.flags(), plan.precision.value, str(trace.source), window.label, kernel, copy, host, not_fitted)
-    return _fit_host_wait(overlay, window, cal, plan, simulate, cite)
+    return out
+
+
+def _gap_figure(m: StepFigures, pred: StepFigures, cite: Cite) -> dict[str, Figure]:
+    """GPU idle in gaps under 10 us (back-to-back kernels) against the predicted launch gaps."""
+    if not (m.small_gap_s and pred.small_gap_s):
+        return {}
+    return {"kernel_gap": Figure(
+        _checked(m.small_gap_s / pred.small_gap_s, "idle between kernels", cite.where),
+        f"{cite.text}: GPU idle in gaps under 10 us {_ms(m.small_gap_s)}/step measured vs "
+        f"{_ms(pred.small_gap_s)} predicted launch gaps",
+        {"measured_ms": m.small_gap_s * 1e3, "predicted_ms": pred.small_gap_s * 1e3})}
 
 
 def _fit_host_wait(overlay: Overlay, window: MeasuredWindow, cal: Calibration, plan: Plan, simulate: Simulator,
                    cite: str) -> Overlay:
     """Fit the remaining step time to the host wait the prediction shows (see the module docstring)."""
-    from dataclasses import replace
-
     notes = dict(overlay.not_fitted)
     target = window.figures.step_time_s
     if target is None:
         notes["host"] = "the input has no timeline (nsys stats CSV): no step time to fit host time against"
         return replace(overlay, not_fitted=notes)
     report = simulate(apply(cal, overlay))
-    step = report.step_time_s
-    waits = report.time_breakdown_s
-    figure, wait = None, 0.0
+    step, waits = report.step_time_s, report.time_breakdown_s
     impl = _cpu_impl(report)
-    for name, key in ((cpu_optimizer_key(impl) if impl else "", Stall.WAIT_CPU), (launch_key(plan), Stall.WAIT_HOST_LAUNCH)):
-        if name and waits.get(key, 0.0) >= RESIDUAL_SHARE * step:
-            figure, wait = name, waits[key]
-            break
+    candidates = ((cpu_optimizer_key(impl) if impl else "", Stall.WAIT_CPU), (launch_key(plan), Stall.WAIT_HOST_LAUNCH))
+    figure, wait = next(((name, waits[key]) for name, key in candidates
+                         if name and waits.get(key, 0.0) >= RESIDUAL_SHARE * step), (None, 0.0))
     if figure is None:
-        notes["host"] = (f"the GPU waited on the host {sum(waits.get(k, 0.0) for k in (Stall.WAIT_CPU, Stall.WAIT_HOST_LAUNCH)) * 1e3:.1f} ms "
-                         f"of the {step * 1e3:.1f} ms predicted step: host time per kernel and the CPU optimizer's "
-                         f"rate are not constrained by this trace ({target * 1e3:.1f} ms measured)")
+        host_wait = sum(waits.get(k, 0.0) for k in (Stall.WAIT_CPU, Stall.WAIT_HOST_LAUNCH))
+        notes["host"] = (f"the GPU waited on the host {host_wait * 1e3:.1f} ms of the {step * 1e3:.1f} ms predicted "
+                         f"step: host time per kernel and the CPU optimizer's rate are not constrained by this trace "
+                         f"({target * 1e3:.1f} ms measured)")
         return replace(overlay, not_fitted=notes)
 
     def step_with(f: float) -> float:
@@ -187,9 +213,8 @@ def _fit_host_wait(overlay: Overlay, window: MeasuredWindow, cal: Calibration, p
     if factor <= lo * 1.01 or factor >= hi * 0.99:
         notes[figure] = f"{what}: no factor in [{lo}, {hi}] matches the measured step ({source})"
         return replace(overlay, not_fitted=notes)
-    return replace(overlay, host={**overlay.host, figure: Figure(factor, source, {
-        "measured_step_ms": target * 1e3, "predicted_step_ms": step * 1e3, "predicted_wait_ms": wait * 1e3})},
-        not_fitted=notes)
+    detail = {"measured_step_ms": target * 1e3, "predicted_step_ms": step * 1e3, "predicted_wait_ms": wait * 1e3}
+    return replace(overlay, host={**overlay.host, figure: Figure(factor, source, detail)}, not_fitted=notes)
 
 
 def _cpu_impl(report) -> str | None:

@@ -149,7 +149,10 @@ def calibrate_trace(trace_file: str, steps: str | None, hardware_name: str | Non
     from ghsim.trace_calibration import fit_overlay
     from ghsim.traces import load_trace
 
-    if not hardware_name and not kw.get("plan_file"):
+    from ghsim.tomlio import read_toml
+
+    recorded = read_toml(Path(kw["plan_file"])).get("hardware") if kw.get("plan_file") else None
+    if not hardware_name and not recorded:  # no default part: the overlay is fitted on the one the run used
         raise GhsimError("--trace needs --hardware: the profile of the GPU the run was measured on")
     model_name, hardware_name = model_and_hardware(kw, hardware_name)
     model = load_model(model_name)

@@ -168,7 +168,8 @@ def check_applies(overlay: Overlay, hw: "Hardware", model: "ModelSpec") -> None:
     differ = [f"{k} {overlay.model_shape.get(k)} vs {v}" for k, v in shape.items() if overlay.model_shape.get(k) != v]
     if differ:
         raise GhsimError(f"{overlay.path}: fitted on {overlay.model}, whose layers differ from {model.name}'s "
-                         f"({'; '.join(differ)}): its kernel factors do not transfer; calibrate on a trace of this model")
+                         f"({'; '.join(differ)}): its kernel factors do not transfer; calibrate on a trace of this "
+                         f"model")
 
 
 def apply(cal: "Calibration", overlay: Overlay) -> "Calibration":
