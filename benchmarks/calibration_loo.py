@@ -5,7 +5,10 @@ an overlay is fitted on every OTHER case's trace (its plan, its profiled steps) 
 time is predicted with it; the error is set beside the uncalibrated one. Singletons are listed as
 such (nothing to calibrate on).
 
-    PYTHONPATH=$PWD python benchmarks/calibration_loo.py [--markdown] [--only SUBSTRING]
+    PYTHONPATH=$PWD python benchmarks/calibration_loo.py [--markdown] [--only SUBSTRING] [--profiled-step]
+
+Each source gives its trace and its step timed without the profiler (calibrate --step-time-ms);
+--profiled-step: its trace alone (host time fitted to the fastest profiled step).
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ def group_key(c: Case) -> tuple[str, int, str]:
     return c.hardware_name, c.plan.gpus, str(c.model_table.get("name"))
 
 
-def fit_on(source: Case):
-    """The overlay fitted on `source`'s trace (every profiled step), as `ghsim calibrate --trace` does."""
+def fit_on(source: Case, timed: bool = True):
+    """The overlay fitted on `source`'s trace (every profiled step), as `ghsim calibrate --trace` does; with
+    `timed`, given its step timed without the profiler (--step-time-ms) as the host fit's target."""
     model, hw = case_model(source), case_hardware(source)
     cal = load_calibration(hw.calibration)
     return fit_overlay(load_trace(source.trace), None, model, source.model_table.get("name", source.name), hw,
-                       source.plan, cal, lambda c: simulate(model, hw, source.plan, c), out_path=f"{source.name}.toml")
+                       source.plan, cal, lambda c: simulate(model, hw, source.plan, c), out_path=f"{source.name}.toml",
+                       step_time_s=float(source.measured["step_time_s"]) if timed else None)
 
 
 def predict(target: Case, overlay=None) -> float:
@@ -57,7 +62,7 @@ def pair_error(source: Case, target: Case) -> float:
     return predict(target, fit_on(source)) / float(target.measured["step_time_s"]) - 1
 
 
-def leave_one_out(cases: list[Case]) -> list[dict]:
+def leave_one_out(cases: list[Case], timed: bool = True) -> list[dict]:
     groups: dict[tuple, list[Case]] = defaultdict(list)
     for c in cases:
         groups[group_key(c)].append(c)
@@ -72,7 +77,7 @@ def leave_one_out(cases: list[Case]) -> list[dict]:
                 if source is target:
                     continue
                 try:
-                    overlay = overlays.get(source.name) or overlays.setdefault(source.name, fit_on(source))
+                    overlay = overlays.get(source.name) or overlays.setdefault(source.name, fit_on(source, timed))
                     after.append((source.name, predict(target, overlay) / measured - 1))
                 except GhsimError as e:
                     failed.append((source.name, str(e)))
@@ -84,7 +89,7 @@ def main(argv: list[str]) -> None:
     only = argv[argv.index("--only") + 1] if "--only" in argv else ""
     cases = [load_case(f, DEFAULT_TOLERANCES) for f in find_cases(ROOT / "validation")]
     cases = [c for c in cases if only in c.name and c.trace is not None]
-    rows = leave_one_out(cases)
+    rows = leave_one_out(cases, timed="--profiled-step" not in argv)
     md = "--markdown" in argv
     if md:
         print("| case | uncalibrated | calibrated on each other case of its group: median / worst (n) |")

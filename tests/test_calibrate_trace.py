@@ -229,3 +229,20 @@ def test_an_nsys_stats_csv_of_the_same_steps_fits_the_same_kernel_factors(tmp_pa
     for key, f in overlay.kernel.items():
         assert csv_fit.kernel[key].factor == pytest.approx(f.factor, rel=1e-9)
     assert "host" in csv_fit.not_fitted and "kernel_gap" not in csv_fit.host  # no timeline: no gaps, no step
+
+
+def test_a_host_bound_step_fits_host_time_per_kernel_to_its_timed_step(tmp_path, model_file):
+    """mb1 is launch-bound: what the kernels, copies and gaps leave of the step is host time per launched
+    kernel (this step variant's), fitted so that the calibrated plan reproduces the timed step."""
+    out = tmp_path / "o.toml"
+    flags = ["--model", model_file, "--hardware", "h100-sxm", "--micro-batch", "1", *PLAN]
+    code, stdout, _ = run("calibrate", "--trace", str(CASES / "h100-llama1b-bf16-mb1-s2048" / "trace.pt.trace.json.xz"),
+                          *flags, "--step-time-ms", "119.8", "--out", str(out))
+    assert code == 0 and "host.launch:bf16-amp" in stdout
+    launch = read_overlay(out).host["launch:bf16-amp"]
+    assert 1.1 < launch.factor < 1.4 and "timed without the profiler" in launch.source
+    code, stdout, _ = run("simulate", *flags, "--calibration", str(out), "--json")
+    assert json.loads(stdout)["step_time_s"] == pytest.approx(0.1198, rel=0.01)
+    # under CUDA graphs there is no eager launch path for the factor to correct
+    code, stdout, _ = run("simulate", *flags, "--cuda-graphs", "--calibration", str(out), "--json")
+    assert "host.launch:bf16-amp" not in json.loads(stdout)["calibration_overlay"]["changed"]

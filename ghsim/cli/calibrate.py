@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from ghsim.cli.options import plan_options
+from ghsim.cli.options import FLOAT, plan_options
 from ghsim.cost.calibration import CALIBRATION_DIR, calibration_from_dict
 from ghsim.errors import GhsimError
 from ghsim.hardware import gpu_chips, load_hardware
@@ -23,17 +23,20 @@ from ghsim.tomlio import read_json, write_text
               help="More microbenchmark files of the same GPU (microbench2.py) to merge in.")
 @click.option("--out-dir", type=click.Path(), default=None, help="Where to write (default hardware_profiles/calibration).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None,
-              help="Instead of MICROBENCH: a measured run (PyTorch profiler JSON or nsys SQLite export) of the plan "
-                   "the other flags describe; fit a calibration overlay on it.")
+              help="Instead of MICROBENCH: a measured run (PyTorch profiler JSON, nsys SQLite export, or nsys stats "
+                   "CSV with --steps) of the plan the other flags describe; fit a calibration overlay on it.")
 @click.option("--steps", default=None, help="With --trace: the ProfilerStep#N range to fit on, e.g. 5-7 "
-                                              "(default: every profiled step).")
+                                              "(default: every profiled step; an nsys stats CSV: the steps it holds).")
+@click.option("--step-time-ms", type=FLOAT, default=None,
+              help="With --trace: the run's step time measured without the profiler (which lengthens host-bound "
+                   "steps); host time is fitted to it (default: the fastest profiled step).")
 @click.option("--hardware", "hardware_name", default=None, help="With --trace: the profile of the GPU it ran on.")
 @click.option("--out", "out_file", type=click.Path(), default=None,
               help="With --trace: the overlay to write (default calibration-overlay.toml).")
 @plan_options
 def calibrate(microbench: str | None, reference: str | None, name: str | None, extras: tuple[str, ...],
-              out_dir: str | None, trace_file: str | None, steps: str | None, hardware_name: str | None,
-              out_file: str | None, **kw) -> None:
+              out_dir: str | None, trace_file: str | None, steps: str | None, step_time_ms: float | None,
+              hardware_name: str | None, out_file: str | None, **kw) -> None:
     """Install a microbenchmark JSON measured on a real GPU as a calibration set (MICROBENCH --reference
     PROFILE), or fit a calibration overlay on a measured training run (--trace RUN --model M --hardware H
     and the run's plan flags) for simulate, compare and plan to take with --calibration."""
@@ -41,9 +44,10 @@ def calibrate(microbench: str | None, reference: str | None, name: str | None, e
         if microbench or reference or extras or name or out_dir:
             raise GhsimError("--trace fits an overlay from a run: give it without a MICROBENCH file, --reference, "
                              "--extra, --name or --out-dir")
-        return calibrate_trace(trace_file, steps, hardware_name, out_file, kw)
+        return calibrate_trace(trace_file, steps, step_time_ms, hardware_name, out_file, kw)
     given = [f"--{k.replace('_', '-')}" for k, v in kw.items() if v is not None] + \
-        [f for f, v in (("--steps", steps), ("--hardware", hardware_name), ("--out", out_file)) if v is not None]
+        [f for f, v in (("--steps", steps), ("--step-time-ms", step_time_ms), ("--hardware", hardware_name),
+                        ("--out", out_file)) if v is not None]
     if not microbench:
         raise click.UsageError("give a MICROBENCH file (with --reference) or --trace RUN (with the run's --model, "
                                "--hardware and plan flags)")
@@ -136,8 +140,8 @@ def summary(cal) -> str:
 DEFAULT_OVERLAY = "calibration-overlay.toml"
 
 
-def calibrate_trace(trace_file: str, steps: str | None, hardware_name: str | None, out_file: str | None,
-                    kw: dict) -> None:
+def calibrate_trace(trace_file: str, steps: str | None, step_time_ms: float | None, hardware_name: str | None,
+                    out_file: str | None, kw: dict) -> None:
     """Fit a calibration overlay on a measured run of the plan the flags describe, write it, show it."""
     from ghsim.cli.checks import check_simulated_plan
     from ghsim.cli.options import load_hardware_for, model_and_hardware, plan_from_flags
@@ -162,7 +166,8 @@ def calibrate_trace(trace_file: str, steps: str | None, hardware_name: str | Non
     trace = load_trace(trace_file)
     out = out_file or DEFAULT_OVERLAY
     overlay = fit_overlay(trace, steps, model, model_name, hw, plan, load_calibration(hw.calibration),
-                          lambda cal: simulate(model, hw, plan, cal), out)
+                          lambda cal: simulate(model, hw, plan, cal), out,
+                          step_time_ms / 1e3 if step_time_ms is not None else None)
     write_text(out, to_toml(overlay))
     click.echo(f"wrote {out}: fitted on {trace_file} ({overlay.window}) for {model.name} on {hw.name}")
     click.echo(overlay_table(overlay))
