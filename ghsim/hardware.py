@@ -356,4 +356,3 @@ _CHIP = re.compile(r"\b[ABH]\d{3}\b")  # A100, H100, H200, B200: the GPU chip in
 def gpu_chips(name: str) -> set[str]:
     """The GPU chips a product or device name mentions ("NVIDIA H100 80GB HBM3" -> {"H100"})."""
     return set(_CHIP.findall(name or ""))
-

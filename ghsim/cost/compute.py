@@ -56,21 +56,23 @@ class LaunchCosts:
     bwd_s: float
     opt_s: float
 
-    VARIANTS = ("bf16-amp-full-recompute", "bf16-amp-selective", "lora16-bf16", "fp8", "fp32", "bf16-amp")
+    # the step variants the microbenchmarks measure (framework_overhead rows), named as there
+    VARIANTS = FULL, SELECTIVE, LORA, FP8, FP32, PLAIN = (
+        "bf16-amp-full-recompute", "bf16-amp-selective", "lora16-bf16", "fp8", "fp32", "bf16-amp")
 
-    @staticmethod
-    def variant(plan: Plan) -> str:
+    @classmethod
+    def variant(cls, plan: Plan) -> str:
         if plan.recompute == Recompute.FULL:
-            return "bf16-amp-full-recompute"
+            return cls.FULL
         if plan.recompute == Recompute.SELECTIVE:
-            return "bf16-amp-selective"
+            return cls.SELECTIVE
         if plan.lora_rank:
-            return "lora16-bf16"
+            return cls.LORA
         if plan.precision == Precision.FP8:
-            return "fp8"
+            return cls.FP8
         if plan.precision in (Precision.FP32, Precision.TF32):
-            return "fp32"
-        return "bf16-amp"
+            return cls.FP32
+        return cls.PLAIN
 
     @classmethod
     def of(cls, hw: Hardware, cal: Calibration, plan: Plan) -> "LaunchCosts":
