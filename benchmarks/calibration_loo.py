@@ -6,6 +6,8 @@ time is predicted with it; the error is set beside the uncalibrated one. Singlet
 such (nothing to calibrate on).
 
     PYTHONPATH=$PWD python benchmarks/calibration_loo.py [--markdown] [--only SUBSTRING] [--profiled-step]
+                                                         [--root validation/measured_libraries]
+                                                         [--exclude compile,-ao-]
 
 Each source gives its trace and its step timed without the profiler (calibrate --step-time-ms);
 --profiled-step: its trace alone (host time fitted to the fastest profiled step).
@@ -85,10 +87,20 @@ def leave_one_out(cases: list[Case], timed: bool = True) -> list[dict]:
     return rows
 
 
+def _loaded(folder: Path) -> Case | None:
+    """A measured case; None for a run that failed (no [measured] table: validate reports it skipped)."""
+    try:
+        return load_case(folder, DEFAULT_TOLERANCES)
+    except GhsimError:
+        return None
+
+
 def main(argv: list[str]) -> None:
     only = argv[argv.index("--only") + 1] if "--only" in argv else ""
-    cases = [load_case(f, DEFAULT_TOLERANCES) for f in find_cases(ROOT / "validation")]
-    cases = [c for c in cases if only in c.name and c.trace is not None]
+    root = Path(argv[argv.index("--root") + 1]) if "--root" in argv else ROOT / "validation"
+    excluded = [x for x in (argv[argv.index("--exclude") + 1] if "--exclude" in argv else "").split(",") if x]
+    cases = [c for c in map(_loaded, find_cases(root)) if c is not None]
+    cases = [c for c in cases if only in c.name and c.trace is not None and not any(x in c.name for x in excluded)]
     rows = leave_one_out(cases, timed="--profiled-step" not in argv)
     md = "--markdown" in argv
     if md:

@@ -246,3 +246,13 @@ def test_a_host_bound_step_fits_host_time_per_kernel_to_its_timed_step(tmp_path,
     # under CUDA graphs there is no eager launch path for the factor to correct
     code, stdout, _ = run("simulate", *flags, "--cuda-graphs", "--calibration", str(out), "--json")
     assert "host.launch:bf16-amp" not in json.loads(stdout)["calibration_overlay"]["changed"]
+
+
+def test_the_documented_overlay_reads_back(tmp_path):
+    """docs/formats.md's example is a file read_overlay takes (its elisions filled in)."""
+    text = (REPO / "docs" / "formats.md").read_text().split("## Calibration overlay")[1]
+    block = text.split("```toml")[1].split("```")[0].replace('"..."', '"x"')
+    path = tmp_path / "doc.toml"
+    path.write_text(block)
+    o = read_overlay(path)
+    assert {"kernel_gap", "launch:bf16-amp"} <= set(o.host) and o.kernel["attention:bf16"].shapes

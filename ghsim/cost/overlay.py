@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 PER_DTYPE = (Category.GEMM, Category.ATTENTION)  # kernel categories whose factor is kept per dtype
-HOST_FIGURES = ("kernel_gap",)  # and launch:<step variant> (launch_key), cpu_optimizer:<implementation>
+HOST_FIGURES = ("kernel_gap",)  # and launch:<step variant> (launch_key), cpu_optimizer:<impl>:<config>
 COPY_DIRECTIONS = ("HtoD", "DtoH")
 FACTOR_RANGE = (0.05, 20.0)  # a factor outside it describes another plan, not a correction
 # the layer shapes a kernel factor was fitted at (depth and vocabulary may differ)
@@ -53,9 +53,37 @@ def launch_key(plan: "Plan") -> str:
     return f"launch:{LaunchCosts.variant(plan)}"
 
 
-def cpu_optimizer_key(impl: str) -> str:
-    """Kept per implementation: DeepSpeedCPUAdam and torch's for-loop AdamW run at other rates."""
-    return f"cpu_optimizer:{impl}"
+OFFLOADABLE = ("activations", "grads", "optimizer", "params")
+
+
+def offload_config(plan: "Plan") -> str:
+    """What shapes the copies a step makes and how its CPU optimizer's time shows: the library, ZeRO
+    stage, offload schedule, what is offloaded and into which host memory."""
+    offloaded = "+".join(sorted(plan.offload)) or "none"
+    memory = "pinned" if plan.offload_pinned else "pageable"
+    return f"{plan.framework.value}:zero{plan.zero}:{plan.offload_schedule.value}:{offloaded}:{memory}"
+
+
+def _is_offload_config(parts: list[str]) -> bool:
+    from ghsim.plan import Framework, OffloadSchedule
+
+    return (len(parts) == 5 and parts[0] in {f.value for f in Framework} and parts[1] in {f"zero{z}" for z in range(4)}
+            and parts[2] in {o.value for o in OffloadSchedule}
+            and (parts[3] == "none" or set(parts[3].split("+")) <= set(OFFLOADABLE))
+            and parts[4] in ("pinned", "pageable"))
+
+
+def copy_key(direction: str, plan: "Plan") -> str:
+    """Copy rates are fitted on the copies one offload configuration makes (their sizes, buffers and
+    overlap): a SuperOffload trace's rate says little about ZeRO-Offload's copies (validation/README.md)."""
+    return f"{direction}:{offload_config(plan)}"
+
+
+def cpu_optimizer_key(impl: str, plan: "Plan") -> str:
+    """Kept per implementation (DeepSpeedCPUAdam and torch's for-loop AdamW run at other rates) and per
+    offload configuration: the fit gives the CPU optimizer what the prediction leaves of the step, and
+    what that is differs between, say, SuperOffload and ZeRO-Offload (validation/README.md)."""
+    return f"cpu_optimizer:{impl}:{offload_config(plan)}"
 
 
 @dataclass(frozen=True)
@@ -124,20 +152,22 @@ class Overlay:
     def changed(self, plan: "Plan") -> dict[str, float]:
         """Every figure the overlay changes for `plan`, by name (kernel.gemm:bf16, host.launch:bf16-amp)."""
         out = {f"kernel.{k}": f.factor for k, f in self.kernel.items()} if self.kernel_factors_apply(plan) else {}
-        out.update({f"copy.{k}": f.factor for k, f in self.copy.items()})
+        config = offload_config(plan)
+        out.update({f"copy.{k}": f.factor for k, f in self.copy.items() if k.endswith(":" + config)})
         launch = launch_key(plan)
         # a CUDA graph's replay has neither the eager launch path nor its gaps between kernels
         stream_launched = ("kernel_gap", launch) if not plan.cuda_graphs else ()
         out.update({f"host.{k}": f.factor for k, f in self.host.items()
-                    if k in stream_launched or k.startswith("cpu_optimizer:")})
+                    if k in stream_launched or (k.startswith("cpu_optimizer:") and k.endswith(":" + config))})
         return out
 
     def corrections(self, plan: "Plan") -> Corrections:
         changed = self.changed(plan)
         kernel = {k[len("kernel."):]: v for k, v in changed.items() if k.startswith("kernel.")}
-        cpu = {k.split(":", 1)[1]: v for k, v in changed.items() if k.startswith("host.cpu_optimizer:")}
+        cpu = {k.split(":")[1]: v for k, v in changed.items() if k.startswith("host.cpu_optimizer:")}
         shapes = frozenset(s for k, f in self.kernel.items() if k.startswith(str(Category.ATTENTION)) for s in f.shapes)
-        return Corrections(kernel, {k: f.factor for k, f in self.copy.items()}, changed.get("host.kernel_gap", 1.0),
+        copy = {k.split(":")[0][len("copy."):]: v for k, v in changed.items() if k.startswith("copy.")}
+        return Corrections(kernel, copy, changed.get("host.kernel_gap", 1.0),
                            changed.get(f"host.{launch_key(plan)}", 1.0), cpu, shapes)
 
     def report_section(self, plan: "Plan") -> dict[str, Any]:
@@ -225,7 +255,7 @@ def _factor(v: Any, where: str) -> float:
     return float(v)
 
 
-def _figures(d: Any, section: str, allowed: tuple[str, ...] | None, where: str) -> dict[str, Figure]:
+def _figures(d: Any, section: str, allowed: Callable[[str], bool], known: str, where: str) -> dict[str, Figure]:
     if d is None:
         return {}
     if not isinstance(d, dict):
@@ -233,8 +263,8 @@ def _figures(d: Any, section: str, allowed: tuple[str, ...] | None, where: str) 
     out = {}
     for name, t in d.items():
         at = f"{where} [{section}.{name}]"
-        if allowed is not None and name not in allowed:
-            raise GhsimError(f"{at}: unknown figure (known: {', '.join(allowed)})")
+        if not allowed(name):
+            raise GhsimError(f"{at}: unknown figure (known: {known})")
         if not isinstance(t, dict) or not isinstance(t.get("source"), str) or not t["source"].strip():
             raise GhsimError(f"{at}: needs a factor and the source it was fitted from")
         detail = {k: float(v) for k, v in t.items() if k not in ("factor", "source")
@@ -256,12 +286,26 @@ def _kernel_keys() -> tuple[str, ...]:
         str(c) for c in KERNEL_CATEGORIES if c not in PER_DTYPE)
 
 
-def _host_keys() -> tuple[str, ...]:
+def _host_key(name: str) -> bool:
     from ghsim.cost.compute import LaunchCosts
     from ghsim.plan import CpuOptimizer
 
-    return HOST_FIGURES + tuple(cpu_optimizer_key(c.value) for c in CpuOptimizer) + tuple(
-        f"launch:{v}" for v in LaunchCosts.VARIANTS)
+    kind, _, rest = name.partition(":")
+    if kind == "launch":
+        return rest in LaunchCosts.VARIANTS
+    if kind != "cpu_optimizer":
+        return name in HOST_FIGURES
+    impl, _, config = rest.partition(":")
+    return impl in {c.value for c in CpuOptimizer} and _is_offload_config(config.split(":"))
+
+
+def _copy_key(name: str) -> bool:
+    direction, _, config = name.partition(":")
+    return direction in COPY_DIRECTIONS and _is_offload_config(config.split(":"))
+
+
+CONFIG_KNOWN = "<framework>:zero<N>:<offload schedule>:<offloaded, + between>:<pinned|pageable>"
+HOST_KNOWN = f"kernel_gap, launch:<step variant>, cpu_optimizer:<implementation>:{CONFIG_KNOWN}"
 
 
 def read_overlay(path: str | Path) -> Overlay:
@@ -287,7 +331,8 @@ def read_overlay(path: str | Path) -> Overlay:
         raise GhsimError(f"{where}: [not_fitted] must be a table")
     return Overlay(path=where, trace_gpu=str(head.get("trace_gpu", "")), plan=str(head.get("plan", "")),
                    model_shape={k: shape[k] for k in SHAPE_KEYS},
-                   kernel=_figures(d.get("kernel"), "kernel", _kernel_keys(), where),
-                   copy=_figures(d.get("copy"), "copy", COPY_DIRECTIONS, where),
-                   host=_figures(d.get("host"), "host", _host_keys(), where),
+                   kernel=_figures(d.get("kernel"), "kernel", _kernel_keys().__contains__, ", ".join(_kernel_keys()),
+                                   where),
+                   copy=_figures(d.get("copy"), "copy", _copy_key, f"HtoD|DtoH:{CONFIG_KNOWN}", where),
+                   host=_figures(d.get("host"), "host", _host_key, HOST_KNOWN, where),
                    not_fitted={str(k): str(v) for k, v in not_fitted.items()}, **text)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ghsim.errors import GhsimError
-from ghsim.graph.ops import KERNEL_CATEGORIES, Kind, Resource
+from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Resource
 from ghsim.traces import events as ev
 from ghsim.traces.summary import parse_steps, summarize
 
@@ -43,6 +43,7 @@ class StepFigures:
     step_time_s: float | None  # None: an aggregate-only input has no timeline to time a step on
     kernel_s: Mapping[str, float]  # category -> kernel seconds per step
     kernel_count: float | None  # kernels per step (None where the prediction does not count them)
+    gemm_count: float | None  # of which GEMM kernels: the layers' structure (depth, fused projections)
     copies: Mapping[str, CopyTotals]  # HtoD / DtoH
     idle_s: float | None = None  # GPU idle per step (measured) / waits on the compute stream (predicted)
     small_gap_s: float | None = None  # of which in gaps shorter than SMALL_GAP_S
@@ -86,7 +87,8 @@ def measure(trace: ev.TraceData, steps: str | None) -> MeasuredWindow:
               for d in COPY_DIRECTIONS}
     kinds = _copy_memory_kinds(trace, s.device)
     figures = StepFigures(step, {c: s.kernel_time_by_category_s.get(c, 0.0) / n for c in KERNEL_CATEGORIES},
-                          s.kernel_count / n, copies, (gaps.total_s / n) if gaps else None, small, kinds)
+                          s.kernel_count / n, s.kernel_count_by_category.get(Category.GEMM, 0) / n, copies,
+                          (gaps.total_s / n) if gaps else None, small, kinds)
     return MeasuredWindow(trace.source, s.window, n, s.gpu_name, figures, tuple(s.step_times_s),
                           tuple(notes) + tuple(s.notes))
 
@@ -106,7 +108,7 @@ def _measure_aggregate(trace: ev.TraceData, steps: str | None) -> MeasuredWindow
     copies = {d: CopyTotals(s.memcpy[d].bytes / n, s.memcpy[d].time_s / n, s.memcpy[d].count / n)
               for d in COPY_DIRECTIONS}
     figures = StepFigures(None, {c: s.kernel_time_by_category_s.get(c, 0.0) / n for c in KERNEL_CATEGORIES},
-                          s.kernel_count / n, copies)
+                          s.kernel_count / n, s.kernel_count_by_category.get(Category.GEMM, 0) / n, copies)
     note = (f"aggregate-only input: its totals are taken as steps {lo}-{hi} ({n} steps); no step time, idle "
             f"gaps or launch gaps to fit")
     return MeasuredWindow(trace.source, f"steps {lo}-{hi} (totals / {n})", n, s.gpu_name, figures, (),
@@ -126,12 +128,12 @@ def predicted(report: Any) -> StepFigures:
     gradient accumulation)."""
     breakdown = report.time_breakdown_s
     copies = {d: CopyTotals(0.0, 0.0) for d in COPY_DIRECTIONS}
-    count = None
+    count = gemms = None
     tl = report.timeline
     if tl is not None:
         sched = tl.schedule
         totals = {d: [0.0, 0.0, 0.0] for d in COPY_DIRECTIONS}
-        kernels = 0
+        kernels = gemm_kernels = 0
         for i, op in enumerate(tl.ops):
             direction = _COPY_KIND.get(op.kind)
             if direction:
@@ -141,12 +143,13 @@ def predicted(report: Any) -> StepFigures:
                 t[2] += max(op.kernels, 1)
             elif op.resource == Resource.GPU and op.category in KERNEL_CATEGORIES:
                 kernels += op.kernels
+                gemm_kernels += op.kernels if op.category == Category.GEMM else 0
         copies = {d: CopyTotals(*t) for d, t in totals.items()}
         whole_step = report.plan.get("pp", 1) == 1 and report.plan.get("grad_accum", 1) in (1, None)
-        count = float(kernels) if whole_step else None
+        count, gemms = (float(kernels), float(gemm_kernels)) if whole_step else (None, None)
     waits = sum(v for k, v in breakdown.items() if str(k).startswith("wait_"))
     return StepFigures(report.step_time_s, {c: float(breakdown.get(c, 0.0)) for c in KERNEL_CATEGORIES}, count,
-                       copies, waits, float(breakdown.get("wait_kernel_gaps", 0.0)))
+                       gemms, copies, waits, float(breakdown.get("wait_kernel_gaps", 0.0)))
 
 
 @dataclass(frozen=True)
