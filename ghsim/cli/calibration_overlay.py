@@ -24,11 +24,20 @@ def is_overlay(path: str | None) -> bool:
     return bool(path) and str(path).lower().endswith(OVERLAY_SUFFIX)
 
 
+def _read(path: str):
+    from ghsim.cost.overlay import read_overlay
+
+    if not is_overlay(path):
+        raise GhsimError(f"{path}: --calibration takes a calibration overlay TOML (`ghsim calibrate --trace`); a "
+                         f"microbenchmark JSON is installed with `ghsim calibrate MICROBENCH --reference PROFILE`")
+    return read_overlay(path)
+
+
 def read_checked(path: str, hw, model):
     """The overlay at `path`, refused (one line) when fitted on another GPU or model shape."""
-    from ghsim.cost.overlay import check_applies, read_overlay
+    from ghsim.cost.overlay import check_applies
 
-    overlay = read_overlay(path)
+    overlay = _read(path)
     check_applies(overlay, hw, model)
     return overlay
 
@@ -51,9 +60,9 @@ def per_part(path: str | None, hardware: list, model) -> tuple[object | None, di
     their microbenchmarks); refused when it fits none of them."""
     if not path:
         return None, {}
-    from ghsim.cost.overlay import check_applies, read_overlay
+    from ghsim.cost.overlay import check_applies
 
-    overlay = read_overlay(path)
+    overlay = _read(path)
     calibrations, refusals = {}, []
     for hw in hardware:
         try:
