@@ -131,7 +131,7 @@ def fit_overlay(trace, steps: str | None, model: ModelSpec, model_name: str, hw:
     host = _gap_figure(window.figures, pred, cite)
     overlay = Overlay(out_path, hw.name, hw.gpu_model, window.gpu_name or "", cal.name, model_name, model_shape(model),
                       plan.flags(), plan.precision.value, str(trace.source), window.label, kernel, copy, host,
-                      not_fitted)
+                      not_fitted, window.notes)
     return _fit_host_wait(overlay, window, cal, plan, simulate, cite.text, step_time_s)
 
 

@@ -169,6 +169,8 @@ def calibrate_trace(trace_file: str, steps: str | None, step_time_ms: float | No
                           lambda cal: simulate(model, hw, plan, cal), out,
                           step_time_ms / 1e3 if step_time_ms is not None else None)
     write_text(out, to_toml(overlay))
+    for note in overlay.notes:
+        click.echo(f"ghsim: note: {note}", err=True)
     click.echo(f"wrote {out}: fitted on {trace_file} ({overlay.window}) for {model.name} on {hw.name}")
     click.echo(overlay_table(overlay))
 

@@ -143,6 +143,7 @@ class Overlay:
     copy: Mapping[str, Figure]
     host: Mapping[str, Figure]  # kernel_gap / launch / cpu_optimizer
     not_fitted: Mapping[str, str]
+    notes: tuple[str, ...] = ()  # what the trace's reading noted (the window taken, the device chosen)
 
     def kernel_factors_apply(self, plan: "Plan") -> bool:
         """Kernel factors are fitted on one precision's kernels (another precision runs other casts,
@@ -239,6 +240,8 @@ def to_toml(o: Overlay) -> str:
              "[overlay]", f"format = {FORMAT}"]
     for key in ("fitted_on", "gpu_model", "trace_gpu", "calibration", "model", "plan", "precision", "trace", "window"):
         lines.append(f"{key} = {_value(getattr(o, key))}")
+    if o.notes:
+        lines.append(f"notes = [{', '.join(_value(n) for n in o.notes)}]")
     lines += ["", "[model_shape]"] + [f"{k} = {v}" for k, v in o.model_shape.items()] + [""]
     for section, figures in (("kernel", o.kernel), ("copy", o.copy), ("host", o.host)):
         for name, f in figures.items():
@@ -329,10 +332,13 @@ def read_overlay(path: str | Path) -> Overlay:
     not_fitted = d.get("not_fitted", {})
     if not isinstance(not_fitted, dict):
         raise GhsimError(f"{where}: [not_fitted] must be a table")
+    notes = head.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise GhsimError(f"{where}: [overlay] notes must be a list of strings")
     return Overlay(path=where, trace_gpu=str(head.get("trace_gpu", "")), plan=str(head.get("plan", "")),
                    model_shape={k: shape[k] for k in SHAPE_KEYS},
                    kernel=_figures(d.get("kernel"), "kernel", _kernel_keys().__contains__, ", ".join(_kernel_keys()),
                                    where),
                    copy=_figures(d.get("copy"), "copy", _copy_key, f"HtoD|DtoH:{CONFIG_KNOWN}", where),
                    host=_figures(d.get("host"), "host", _host_key, HOST_KNOWN, where),
-                   not_fitted={str(k): str(v) for k, v in not_fitted.items()}, **text)
+                   not_fitted={str(k): str(v) for k, v in not_fitted.items()}, notes=tuple(notes), **text)
