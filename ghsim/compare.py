@@ -96,8 +96,10 @@ class Comparison:
 
 def compare(model: ModelSpec, hardware: list[Hardware], plan: Plan,
             calibration: Calibration | None = None,
-            best_plan: Callable[[ModelSpec, Hardware, Plan], dict[str, Any]] | None = None) -> Comparison:
-    """Simulate `plan` on each hardware (in the order given); with best_plan, also each one's best."""
+            best_plan: Callable[[ModelSpec, Hardware, Plan], dict[str, Any]] | None = None,
+            calibrations: dict[str, Calibration] | None = None) -> Comparison:
+    """Simulate `plan` on each hardware (in the order given); with best_plan, also each one's best.
+    `calibrations`: a calibration for some parts by name (a calibration overlay fitted on that part)."""
     from ghsim.simulate import simulate
 
     if len(hardware) < 2:
@@ -105,7 +107,8 @@ def compare(model: ModelSpec, hardware: list[Hardware], plan: Plan,
     reports = []
     for hw in hardware:
         try:
-            reports.append(simulate(model, hw, plan, calibration, keep_timeline=False))
+            reports.append(simulate(model, hw, plan, (calibrations or {}).get(hw.name, calibration),
+                                    keep_timeline=False))
         except GhsimError as e:
             raise GhsimError(f"{hw.name}: {e}") from None
     pairs = [explain(reports[0], r) for r in reports[1:]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,3 +362,11 @@ def has_fp8(hw: Hardware) -> bool:
     """FP8 Tensor Cores run at twice the bf16 rate (Hopper); a profile whose fp8 figure is the
     bf16 one (A100: "not supported in hardware", it falls back to 16-bit) has none."""
     return hw.peak_flops["fp8"] > hw.peak_flops["bf16"]
+
+
+_CHIP = re.compile(r"\b[ABH]\d{3}\b")  # A100, H100, H200, B200: the GPU chip in a product name
+
+
+def gpu_chips(name: str) -> set[str]:
+    """The GPU chips a product or device name mentions ("NVIDIA H100 80GB HBM3" -> {"H100"})."""
+    return set(_CHIP.findall(name or ""))

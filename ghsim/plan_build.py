@@ -44,7 +44,9 @@ class RankPricing:
            host_side: HostSide | None = None) -> "RankPricing":
         host_side = host_side or HostSide.of(hw, plan, calibration)  # host link, CPU and memory shared per node
         layout = Layout.of(plan, hw)
-        return RankPricing(layout, CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan)),
+        corrections = calibration.overlay.corrections(plan) if calibration.overlay is not None else None
+        return RankPricing(layout, CostModel(hw, calibration, host_side, LaunchCosts.of(hw, calibration, plan),
+                                             corrections),
                            fabric or Fabric.of(hw), host_side, layout.groups())
 
     def comm_time(self, kind: str, nbytes: float, stream: str, calls: int) -> float:

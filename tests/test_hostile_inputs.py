@@ -82,6 +82,37 @@ def plan_flags(rng: random.Random, hostile: float = 0.5) -> list[str]:
     return args
 
 
+OVERLAY_TOML = """[overlay]
+format = 1
+fitted_on = "h100-sxm"
+gpu_model = "H100 SXM5 80GB"
+calibration = "h100"
+model = "tiny"
+precision = "bf16"
+trace = "t.json"
+window = "steps 1-2"
+
+[model_shape]
+hidden_size = 1024
+intermediate_size = 2816
+num_attention_heads = 8
+num_kv_heads = 8
+head_dim = 128
+
+[kernel.elementwise]
+factor = 1.25
+source = "t.json steps 1-2"
+
+[kernel."attention:bf16"]
+factor = 0.9
+shapes = [[1, 8, 8, 4096, 128]]
+source = "t.json steps 1-2"
+
+[host."launch:bf16-amp"]
+factor = 1.3
+source = "t.json steps 1-2"
+"""
+
 # -- files: valid templates, then damaged --------------------------------------------------------
 
 def damage(rng: random.Random, data: bytes) -> bytes:
@@ -132,6 +163,7 @@ class Files:
         predicted = folder / "predicted.json"
         CliRunner().invoke(main, ["simulate", "--model", str(self.model), "--seq", "512", "--trace", str(predicted)])
         self.templates["predicted.json"] = predicted.read_bytes()
+        self.templates["overlay.toml"] = OVERLAY_TOML.encode()
         self.n = 0
 
     def damaged(self, rng: random.Random, name: str) -> str:
@@ -156,6 +188,8 @@ def simulate_case(rng: random.Random, files: Files) -> list[str]:
         args += ["--plan", files.damaged(rng, "plan.toml")]
     if rng.random() < 0.15:
         args += ["--deepspeed", files.damaged(rng, "ds.json")]
+    if rng.random() < 0.15:
+        args += ["--calibration", files.damaged(rng, "overlay.toml")]
     return args + plan_flags(rng) + (["--json"] if rng.random() < 0.5 else [])
 
 
@@ -213,6 +247,10 @@ def trace_compare_case(rng: random.Random, files: Files) -> list[str]:
 
 def calibrate_case(rng: random.Random, files: Files) -> list[str]:
     out = files.folder / "cal-out"
+    if rng.random() < 0.4:  # a run's trace, to fit an overlay on
+        steps = ["--steps", rng.choice(["1-2", "2", "x", "3-1", str(10**30)])] if rng.random() < 0.3 else []
+        return ["calibrate", "--trace", files.damaged(rng, "trace.json"), "--model", str(files.model),
+                "--hardware", rng.choice(HARDWARE), "--out", str(out / "o.toml"), *steps] + plan_flags(rng)
     return ["calibrate", files.damaged(rng, "microbench.json"), "--reference", rng.choice(HARDWARE),
             "--out-dir", str(out)]
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ghsim.cli import main
 from ghsim.errors import GhsimError
 from ghsim.traces import events as ev
-from ghsim.traces import matching as mt
+from ghsim.traces import phases as mt
 from ghsim.traces.attribution import breakdown, measured_breakdown, simulated_breakdown, with_step_time
 from ghsim.traces.comparison import compare
 from synthetic_traces import write_kineto

@@ -7,12 +7,13 @@ from typing import Any
 
 import click
 
+from ghsim.cli.calibration_overlay import overlay_option, per_part, with_section
 from ghsim.cli.checks import check_simulated_plan
 from ghsim.cli.options import FLOAT, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 
 
-def _best_plan_finder(time_limit: float, progress: bool | None):
+def _best_plan_finder(time_limit: float, progress: bool | None, calibrations: dict | None = None):
     """Each hardware's best plan from the plan search (ghsim/search/), around the given plan
     (which fixes GPUs, sequence, global batch and LoRA rank), ranked by step time; a progress
     bar per part, and the search's own time limit."""
@@ -32,8 +33,8 @@ def _best_plan_finder(time_limit: float, progress: bool | None):
         # candidate run one micro-batch per GPU, a different (smaller) step than the one compared
         base = plan.with_(global_batch=plan.resolved_global_batch)
         space = default_space(model, hw, base, supported_precisions(hw, DEFAULT_PRECISIONS))
-        result = search(model, hw, base, space, jobs=default_jobs(), time_limit=time_limit,
-                        progress=ProgressBar(progress, f"searching {hw.name}"))
+        result = search(model, hw, base, space, calibration=(calibrations or {}).get(hw.name), jobs=default_jobs(),
+                        time_limit=time_limit, progress=ProgressBar(progress, f"searching {hw.name}"))
         e = result.best
         if e is None:
             return None
@@ -55,8 +56,9 @@ def _best_plan_finder(time_limit: float, progress: bool | None):
               help="With --best: seconds of simulating per part before the rest is left unexplored (0: none).")
 @click.option("--progress/--no-progress", default=None, help="With --best: a progress bar on stderr (default: when a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print {results: [...], comparisons: [...], best: [...]}.")
+@overlay_option
 def compare(hardware_names: tuple[str, ...], best: bool, time_limit: float, progress: bool | None, as_json: bool,
-            **kw: Any) -> None:
+            calibration_file: str | None, **kw: Any) -> None:
     """The same plan on two or more hardware profiles: time, memory, speedup and why."""
     from ghsim.compare import compare as run_compare
     from ghsim.compare import render
@@ -68,9 +70,18 @@ def compare(hardware_names: tuple[str, ...], best: bool, time_limit: float, prog
     check_simulated_plan(kw, plan, hardware)
     if time_limit < 0:
         raise GhsimError("--time-limit must not be negative")
-    finder = _best_plan_finder(time_limit, progress) if best else None
-    result = run_compare(model, hardware, plan, best_plan=finder)
+    overlay, calibrations = per_part(calibration_file, hardware, model)
+    finder = _best_plan_finder(time_limit, progress, calibrations) if best else None
+    result = run_compare(model, hardware, plan, best_plan=finder, calibrations=calibrations)
+    if overlay is not None:  # each report it priced says so; the others keep their microbenchmarks
+        result.reports[:] = [with_section(r, overlay, plan) if r.hardware["name"] in calibrations else r
+                             for r in result.reports]
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         click.echo(render(result))
+        if overlay is not None:
+            others = [h.name for h in hardware if h.name not in calibrations]
+            click.echo(overlay.report_section(plan)["summary"] + f"; applied to {', '.join(calibrations)}"
+                       + (f" only ({', '.join(others)}: its microbenchmarks alone, so the speedup sets a calibrated "
+                          f"prediction beside an uncalibrated one)" if others else ""))

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ghsim.cli.calibration_overlay import REPORT_KEY, is_overlay, overlaid, read_checked
 from ghsim.cli.options import FLOAT, INT, FLAG_TO_FIELD, load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.errors import GhsimError
 from ghsim.search.space import DEFAULT_FRAMEWORK, DEFAULT_OPTIMIZER, DEFAULT_PRECISIONS, LAYOUT, SEARCHED
@@ -51,6 +52,9 @@ def _calibration(path: str | None):
     """A calibration from a microbenchmark JSON whose meta names its reference profile."""
     if not path:
         return None
+    if is_overlay(path):
+        raise GhsimError(f"{path}: a calibration overlay is fitted on one part and model; give it to "
+                         f"`ghsim plan --calibration` for that part, not to a sweep")
     from ghsim.cost.calibration import calibration_from_dict
     from ghsim.hardware import load_hardware
     from ghsim.tomlio import read_json
@@ -131,7 +135,8 @@ def base_and_pins(kw: dict[str, Any]):
 @click.option("--precisions", default=PRECISIONS_OPTION, show_default=True,
               help="Precisions to search (--precision pins one).")
 @click.option("--calibration", "calibration_file", type=click.Path(), default=None,
-              help="Microbenchmark/calibration JSON to price ops with (default: the profile's set).")
+              help="Microbenchmark/calibration JSON to price ops with (default: the profile's set), or a calibration "
+                   "overlay TOML (`ghsim calibrate --trace`) fitted on a measured run of this model on this part.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (plans, n_evaluated, n_feasible, ...).")
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Pareto front of step time vs HBM (PNG).")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="The best plan's timeline (Chrome trace).")
@@ -164,10 +169,14 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
         raise GhsimError("--price must be positive")
     model_name, hardware_name = model_and_hardware(kw, hardware_name)
     model = load_model(model_name)
-    cal = _calibration(calibration_file)
+    overlay = None
+    cal = None if is_overlay(calibration_file) else _calibration(calibration_file)
     base, pins, baseline = base_and_pins(kw)
     asked = load_hardware_for(hardware_name, kw)
     hw = (node := node_profile_for(asked, base.gpus, base.gpus_per_node)).hardware
+    if is_overlay(calibration_file):
+        overlay = read_checked(calibration_file, hw, model)
+        cal = overlaid(overlay, hw)
     space = pin(default_space(model, hw, base, searched_precisions(precisions, pins, base, hw)), pins)
     if not time_limit >= 0 or time_limit == float("inf"):
         raise GhsimError(f"--time-limit must be a finite number of seconds >= 0 (got {time_limit})")
@@ -199,12 +208,17 @@ def plan(hardware_name: str | None, objective: str, price: float | None, top: in
 
             plot_pareto(result, plot_file)
     advice = [] if result.ranked else no_fit_advice(result)  # (it loads every hardware profile)
+    # the overlay's figures as they apply to the best plan (kernel factors hold for one precision)
+    calibrated = {REPORT_KEY: overlay.report_section(result.ranked[0].plan if result.ranked else base)} \
+        if overlay is not None else {}
     if as_json:
         note = {"node_note": node.note} if node.note else {}
-        click.echo(json.dumps({**to_json(result, top, base_eval), **note}, indent=2))
+        click.echo(json.dumps({**to_json(result, top, base_eval), **note, **calibrated}, indent=2))
     else:
         if node.note:
             click.echo(f"note: {node.note}")
+        if calibrated:
+            click.echo(calibrated[REPORT_KEY]["summary"] + " (figures as they apply to the best plan)")
         if base_eval is not None:
             click.echo(baseline_line(result, base_eval))
         click.echo(render_table(result, top) if result.ranked else "\n".join(advice))

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ghsim.cli.calibration_overlay import overlaid, overlay_option, read_checked, with_section
 from ghsim.cli.checks import check_simulated_plan
 from ghsim.cli.options import load_hardware_for, model_and_hardware, plan_from_flags, plan_options
 from ghsim.tomlio import write_text
@@ -23,7 +24,9 @@ def _echo_json(obj: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--trace", "trace_file", type=click.Path(), default=None, help="Write the timeline as a Chrome trace.")
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw timeline and memory to a PNG.")
-def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, plot_file: str | None, **kw: Any) -> None:
+@overlay_option
+def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, plot_file: str | None,
+             calibration_file: str | None, **kw: Any) -> None:
     """Simulate one training step and report time, memory and utilization."""
     from ghsim.hardware import node_profile_for
     from ghsim.model import load_model
@@ -36,7 +39,10 @@ def simulate(hardware_name: str | None, as_json: bool, trace_file: str | None, p
     node = node_profile_for(load_hardware_for(hardware_name, kw), plan.gpus, plan.gpus_per_node)
     hw = node.hardware
     check_simulated_plan(kw, plan, [hw])
-    report = run_simulation(model, hw, plan)
+    overlay = read_checked(calibration_file, hw, model) if calibration_file else None
+    report = run_simulation(model, hw, plan, overlaid(overlay, hw) if overlay else None)
+    if overlay:
+        report = with_section(report, overlay, plan)
     if node.note:  # which node kind the flags were read as: the report's first note
         report = dataclasses.replace(report, notes=(node.note, *report.notes))
     if trace_file:

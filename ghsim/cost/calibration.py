@@ -24,6 +24,7 @@ from ghsim.errors import GhsimError
 from ghsim.tomlio import read_json, repo_root
 
 if TYPE_CHECKING:
+    from ghsim.cost.overlay import Overlay
     from ghsim.hardware import Hardware
 
 CALIBRATION_DIR = repo_root() / "hardware_profiles" / "calibration"
@@ -91,6 +92,9 @@ class Calibration:
     kernel_gap_s: float  # GPU idle between stream-launched kernels (see _kernel_gap)
     min_kernel_s: float  # shortest kernel (fixed time of a device copy)
     source: str
+    # time factors fitted on a measured step (cost/overlay.py: `--calibration overlay.toml`), resolved per
+    # plan into the CostModel's corrections; None: the microbenchmarks alone
+    overlay: "Overlay | None" = None
 
 
 def _gemm_tables(rows: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, PointTable]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
+from ghsim.cost.overlay import Corrections
 from ghsim.cost.library_overheads import sdpa_fallback_rate, sdpa_mask_over_causal_time, zero3_hook_seconds
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
 from ghsim.graph.flops import gemm_flops, window_pair_fraction
@@ -56,19 +57,23 @@ class LaunchCosts:
     bwd_s: float
     opt_s: float
 
-    @staticmethod
-    def variant(plan: Plan) -> str:
+    # the step variants the microbenchmarks measure (framework_overhead rows), named as there
+    VARIANTS = FULL, SELECTIVE, LORA, FP8, FP32, PLAIN = (
+        "bf16-amp-full-recompute", "bf16-amp-selective", "lora16-bf16", "fp8", "fp32", "bf16-amp")
+
+    @classmethod
+    def variant(cls, plan: Plan) -> str:
         if plan.recompute == Recompute.FULL:
-            return "bf16-amp-full-recompute"
+            return cls.FULL
         if plan.recompute == Recompute.SELECTIVE:
-            return "bf16-amp-selective"
+            return cls.SELECTIVE
         if plan.lora_rank:
-            return "lora16-bf16"
+            return cls.LORA
         if plan.precision == Precision.FP8:
-            return "fp8"
+            return cls.FP8
         if plan.precision in (Precision.FP32, Precision.TF32):
-            return "fp32"
-        return "bf16-amp"
+            return cls.FP32
+        return cls.PLAIN
 
     @classmethod
     def of(cls, hw: Hardware, cal: Calibration, plan: Plan) -> "LaunchCosts":
@@ -92,6 +97,7 @@ class CostModel:
     cal: Calibration
     host_side: HostSide | None = None  # per-GPU shares of link, CPU and host memory (default: one GPU)
     launch: LaunchCosts | None = None  # host cost per kernel (default: the profile's bare launch)
+    corrections: Corrections | None = None  # a calibration overlay's factors for this plan (cost/overlay.py)
 
     @property
     def host(self) -> HostSide:
@@ -169,7 +175,13 @@ class CostModel:
         return self.host.cpu_optimizer_time(params, impl)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
-        """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""
+        """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply),
+        times a calibration overlay's host factor (fitted on a measured step) where there is one."""
+        seconds = self._issue_cost(op, cuda_graphs)
+        corrections = self.corrections
+        return seconds * corrections.launch if corrections is not None and not cuda_graphs else seconds
+
+    def _issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         if op.resource != _GPU_STREAM:
             return self.hw.kernel_launch_s if op.kind in _COPY_KINDS else 0.0
         if cuda_graphs:
@@ -196,13 +208,15 @@ class CostModel:
         (zero when replayed from a CUDA graph, whose measured per-kernel cost is the kernel's own)."""
         if cuda_graphs or op.resource != _GPU_STREAM or op.category not in KERNEL_CATEGORIES:
             return 0.0
-        return op.kernels * self.cal.kernel_gap_s
+        corrections = self.corrections
+        return op.kernels * self.cal.kernel_gap_s * (corrections.kernel_gap if corrections is not None else 1.0)
 
     def duration(self, op: Op) -> float:
         price = _PRICE_BY_KIND.get(op.kind)
         if price is None:
             raise ValueError(f"no cost for op kind {op.kind!r} ({op.name})")
-        return price(self, op)
+        corrections = self.corrections  # a calibration overlay's factor for the op's category
+        return price(self, op) * corrections.op_factor(op) if corrections is not None else price(self, op)
 
 
 def masked_window_factor(shape: tuple[int, ...]) -> float:

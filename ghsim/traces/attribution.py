@@ -21,7 +21,7 @@ from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category
 from ghsim.traces import events as ev
 from ghsim.traces import intervals as iv
-from ghsim.traces import matching as mt
+from ghsim.traces import phases as mt
 from ghsim.traces.summary import NS_PER_S, Window, _kernel_categories, select_window
 
 COMM = str(Category.COMMUNICATION)

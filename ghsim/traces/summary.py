@@ -105,6 +105,7 @@ class TraceSummary:
     step_times_s: tuple[float, ...]
     memory_peak: Mapping[str, int] | None
     notes: tuple[str, ...] = ()
+    kernel_count_by_category: Mapping[str, int] = field(default_factory=dict)  # launches (calibrate --trace)
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict; the first seven keys are the contract."""
@@ -396,7 +397,14 @@ def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None 
         top_kernels=top_kernels, memcpy=memcpy, memset=memset, um_migration=um, um_migration_share=um_share,
         um_page_faults=um_faults, step_times_s=window.step_times_s,
         memory_peak=_memory_peak(trace, device, window), notes=tuple(notes),
+        kernel_count_by_category=_counts_by_category(k, kcats),
     )
+
+
+def _counts_by_category(k: pd.DataFrame, kcats: np.ndarray) -> dict[str, int]:
+    counts = np.bincount(kcats, weights=k["count"].to_numpy(), minlength=len(CATEGORIES)) if len(k) else \
+        np.zeros(len(CATEGORIES))
+    return {c: int(counts[i]) for i, c in enumerate(CATEGORIES)}
 
 
 def _top_kernels(k: pd.DataFrame, kcats: np.ndarray, total_ns: float, top: int) -> tuple[KernelStat, ...]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ghsim.traces import matching as mt
+from ghsim.traces import phases as mt
 from ghsim.traces.comparison import Comparison
 from ghsim.validate.cases import CaseResult, case_hardware, case_model
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ghsim.report.intervals import CaseRow, leave_one_out
-from ghsim.traces import matching as mt
+from ghsim.traces import phases as mt
 from ghsim.validate.cases import CaseResult
 from ghsim.validate.explain import explain_case
 
