@@ -115,6 +115,7 @@ class Plan:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
+    rope_cast: bool = False  # eager: rotary tables cast to q's dtype (our harness) rather than HF's fp32 rotation
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -294,7 +295,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
-        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm"):
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
+                     "rope_cast"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value

@@ -11,11 +11,12 @@ Fused kernels (Framework.MEGATRON) are graph/fused_layer.py.
 
 from __future__ import annotations
 
-from ghsim.graph.dtypes import dtyped
+from ghsim.graph.dtypes import DOWNCAST, UPCAST, dtyped
 from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops
 from ghsim.graph.kernels import (
     RMSNORM_BWD_KERNELS,
     RMSNORM_FWD_KERNELS,
+    HF_ROPE_FP32_BWD_KERNELS,
     ROPE_BWD_KERNELS,
     ROPE_FWD_KERNELS,
     SWIGLU_BWD_KERNELS,
@@ -54,9 +55,7 @@ class EagerLayer(LayerOps):
             self.ops[-1] = self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept, or nothing reads it
         else:
             self.release(["n1.out"])
-        # rotary: rotated copies replace q and k
-        self.mem("rope", "rope", 2 * T * (q + kv) * act, 2 * ROPE_FWD_KERNELS + 2, Category.ELEMENTWISE,
-                 creates={"q_rot": T * q * act, "k_rot": T * kv * act}, frees=["q", "k"], transient=T * (q + kv) * act)
+        self._rope_fwd()
         # flash attention keeps q, k, v, its output and the log-sum-exp
         lse = b * m.num_attention_heads * seq * 4
         shape = (b, m.num_attention_heads, m.num_kv_heads, seq, m.head_dim)
@@ -114,7 +113,7 @@ class EagerLayer(LayerOps):
         grad_cast = dt.autocast_casts
         Tn = self.Tn
         # MLP branch
-        self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0,
+        self.mem("mlp_residual.bwd", DOWNCAST, Tn * h * (g + act), 1 if grad_cast else 0,
                  Category.ELEMENTWISE,
                  creates={"g_mlp_out": Tn * h * act})
         g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
@@ -135,7 +134,7 @@ class EagerLayer(LayerOps):
         g_n2 = self.tp_reduce("g_n2.tp_reduce", "g_n2", T * h * (4 if dt.autocast_casts else act))
         self._norm_bwd("post_attn_norm", "n2", g_n2, "h1")
         # attention branch
-        self.mem("attn_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0,
+        self.mem("attn_residual.bwd", DOWNCAST, Tn * h * (g + act), 1 if grad_cast else 0,
                  Category.ELEMENTWISE,
                  creates={"g_attn_out": Tn * h * act})
         g_attn_out = self.gathered_grad("g_attn_out", T * h * act)
@@ -151,13 +150,49 @@ class EagerLayer(LayerOps):
                  flops=attention_bwd_flops(b, m.num_attention_heads, seq, m.head_dim), shape=shape)
         self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
-        self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, Category.ELEMENTWISE,
-                 creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
+        self._rope_bwd()
         regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g", for_wgrad=True)
         self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1",
                           extra_free=["n1.out"] + ([regathered] if regathered else []))
         g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
         self._norm_bwd("input_norm", "n1", g_n1, "x")
+
+    @property
+    def _rope_fp32(self) -> bool:
+        """Hugging Face's rotary embedding hands cos/sin over in the residual stream's dtype: with
+        fp32 parameters under autocast (torch-amp) q*cos promotes to fp32, so the rotation runs in
+        fp32 and autocast casts the rotated q and k back to bf16 for SDPA (the HF Llama traces of
+        validation/measured_libraries). plan.rope_cast: the tables are cast to q's dtype first
+        (validation/harness/model.py), and the rotation stays in bf16."""
+        return not self.plan.rope_cast and self.dt.residual == 4 and self.dt.act == 2
+
+    def _rope_fwd(self) -> None:
+        """Rotary embedding: rotated copies replace q and k."""
+        T, act = self.T, self.dt.act
+        n = T * (self.m.q_dim + self.m.kv_dim)
+        rotated = {"q_rot": T * self.m.q_dim * act, "k_rot": T * self.m.kv_dim * act}
+        if not self._rope_fp32:
+            self.mem("rope", "rope", 2 * n * act, 2 * ROPE_FWD_KERNELS + 2, Category.ELEMENTWISE,
+                     creates=rotated, frees=["q", "k"], transient=n * act)
+            return
+        # the measured (bf16) rotary curve at the bytes of a bf16 input and fp32 output
+        self.mem("rope", "rope", n * (act + 4), 2 * ROPE_FWD_KERNELS, Category.ELEMENTWISE, transient=2 * n * 4)
+        self.mem("rope.cast", DOWNCAST, n * (4 + act), 2, Category.ELEMENTWISE, creates=rotated, frees=["q", "k"],
+                 transient=n * 4)
+
+    def _rope_bwd(self) -> None:
+        """The rotation's backward: "g_q", "g_k" become "g_qp", "g_kp" (in fp32 with HF's fp32 rotation:
+        SDPA's bf16 gradients are cast up, and each product's gradient cast back to q's dtype)."""
+        T, act = self.T, self.dt.act
+        n = T * (self.m.q_dim + self.m.kv_dim)
+        grads = {"g_qp": T * self.m.q_dim * act, "g_kp": T * self.m.kv_dim * act}
+        if not self._rope_fp32:
+            self.mem("rope.bwd", "rope", 2 * n * act, 2 * ROPE_BWD_KERNELS, Category.ELEMENTWISE,
+                     creates=grads, frees=["g_q", "g_k"])
+            return
+        self.mem("rope.grad_cast", UPCAST, n * (act + 4), 2, Category.ELEMENTWISE, transient=n * 4)
+        self.mem("rope.bwd", "rope", n * (4 + act), 2 * HF_ROPE_FP32_BWD_KERNELS, Category.ELEMENTWISE,
+                 creates=grads, frees=["g_q", "g_k"], transient=2 * n * 4)
 
     def _shared_experts_fwd(self, kept: dict[str, list[str]]) -> None:
         """The shared experts' activation and down projection (their gate/up ran beside the routed
@@ -194,7 +229,7 @@ class EagerLayer(LayerOps):
             part = f"{into}.{i}"
             self.projection_bwd(p, g, part, kept[p.name])
             if dt.autocast_casts:  # the input cast's backward: bf16 gradient to fp32
-                self.mem(f"{p.name}.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE,
+                self.mem(f"{p.name}.cast_in.bwd", UPCAST, T * h * 6, 1, Category.ELEMENTWISE,
                          creates={part + ".f32": T * h * 4}, frees=[part])
                 part += ".f32"
             parts.append(part)

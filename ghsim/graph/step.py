@@ -14,7 +14,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.ops import Category, Op, Phase, Resource
 from ghsim.graph.deepspeed_optimizer import deepspeed_optimizer_ops, zero3_hooks
 from ghsim.graph.optimizer import adamw_launches, gpu_adamw
-from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.dtypes import DOWNCAST, UPCAST, Dtypes
 from ghsim.graph.dtypes import dtyped as _dtyped
 from ghsim.graph.kernels import LEARNED_POSITION_FWD_KERNELS, RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS
 from ghsim.graph.layer_ops import LayerSplit
@@ -95,10 +95,10 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
           creates={"fn.normed": T * h * 4, "fn.rstd": T * 4, "fn.out": T * h * rs}, transient=T * h * 4)
     cast_in = dt.autocast_casts
     if cast_in:
-        b.mem("lm_head.cast_in", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE, creates={"fn.x16": T * h * 2},
+        b.mem("lm_head.cast_in", DOWNCAST, T * h * 6, 1, Category.ELEMENTWISE, creates={"fn.x16": T * h * 2},
               frees=["fn.out"])
     if dt.autocast_casts and not plan.lora_rank:
-        b.mem("lm_head.cast_w", "cast_fp32_to_bf16", V * h * 6, 1, Category.ELEMENTWISE, creates={"lm.w16": V * h * 2})
+        b.mem("lm_head.cast_w", DOWNCAST, V * h * 6, 1, Category.ELEMENTWISE, creates={"lm.w16": V * h * 2})
     gemm_dt = "bf16" if dt.gemm == "fp8" else dt.gemm  # the LM head stays in bf16 under fp8
     b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
     _eager_cross_entropy_fwd(b, T, V, act)
@@ -112,13 +112,13 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
         b.ops[-1] = b.t.free(b.ops[-1], [g_logits])
     elif dt.autocast_casts:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, transient=V * h * 2)
-        b.mem("lm_head.wgrad_cast", "cast_fp32_to_bf16", V * h * 6, 1, Category.ELEMENTWISE, creates={"grad.lm": V * h * 4},
+        b.mem("lm_head.wgrad_cast", UPCAST, V * h * 6, 1, Category.ELEMENTWISE, creates={"grad.lm": V * h * 4},
               frees=[g_logits, "lm.w16"])
     else:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=[g_logits])
     g_bytes = T * h * (4 if dt.autocast_casts else rs)
     if cast_in:
-        b.mem("lm_head.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE, creates={"g_fn32": T * h * 4},
+        b.mem("lm_head.cast_in.bwd", UPCAST, T * h * 6, 1, Category.ELEMENTWISE, creates={"g_fn32": T * h * 4},
               frees=["g_fn", "fn.x16"])
         g_fn = "g_fn32"
     else:
@@ -134,7 +134,7 @@ def _eager_cross_entropy_fwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
     """logits.float() (when the logits are 16-bit), then F.cross_entropy: "logits" becomes "lsm"."""
     logits = "logits"
     if act != 4:
-        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, Category.ELEMENTWISE,
+        b.mem("logits.float", UPCAST, T * V * (act + 4), 1, Category.ELEMENTWISE,
               creates={"logits32": T * V * 4}, frees=["logits"])
         logits = "logits32"
     b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, Category.NORM_REDUCTION, creates={"lsm": T * V * 4},
@@ -146,7 +146,7 @@ def _eager_cross_entropy_bwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
     b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, Category.NORM_REDUCTION,
           creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
     if act != 4:
-        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, Category.ELEMENTWISE,
+        b.mem("logits.float.bwd", DOWNCAST, T * V * (act + 4), 1, Category.ELEMENTWISE,
               creates={"g_logits": T * V * act}, frees=["g_logits32"])
     else:
         b.t.live["g_logits"] = b.t.live.pop("g_logits32")
