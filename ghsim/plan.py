@@ -115,6 +115,7 @@ class Plan:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
+    compile: bool = False  # torch.compile (Inductor) of the model: fused regions (graph/compiled_layer.py)
     rope_cast: bool = False  # eager: rotary tables cast to q's dtype (our harness) rather than HF's fp32 rotation
     cuda_graphs: bool = False
     dataloader_workers: int = 2
@@ -218,6 +219,8 @@ class Plan:
             parts.append("--cuda-graphs")
         if self.fused_norm:
             parts.append("--fused-norm")
+        if self.compile:
+            parts.append("--compile")
         if self.batch_prep_s:
             parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")
         return " ".join(parts)
@@ -296,7 +299,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
         elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
-                     "rope_cast"):
+                     "rope_cast", "compile"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
@@ -321,9 +324,24 @@ def load_plan_toml(path: Path) -> Plan:
     return plan_from_dict(read_toml(path), str(path))
 
 
+def compile_refusal(plan: Plan) -> str | None:
+    """Why ghsim does not model the plan compiled (None: it does)."""
+    if not plan.compile:
+        return None
+    if plan.framework.fused_kernels:
+        return (f"--compile models torch.compile of an eager (Hugging Face) model; --framework "
+                f"{plan.framework.value} runs its own fused kernels: drop --compile or pick an eager framework")
+    if plan.tp > 1:
+        return "--compile with tensor parallelism (--tp > 1) is not modeled: drop --compile or --tp"
+    return None
+
+
 def check_plan(plan: Plan) -> None:
     """Reject plans that are impossible regardless of model and hardware."""
     check_values(plan)
+    refusal = compile_refusal(plan)
+    if refusal:
+        raise GhsimError(refusal)
     if plan.gpus % (plan.tp * plan.pp):
         raise GhsimError(
             f"--gpus {plan.gpus} is not divisible by tp*pp = {plan.tp}*{plan.pp} = {plan.tp * plan.pp}"

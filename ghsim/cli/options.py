@@ -103,6 +103,9 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--fused-norm", is_flag=True, default=None,
                      help="Eager frameworks: RMSNorm as torch.nn.RMSNorm runs it (one fused kernel each way, "
                           "saving the input and 1/rms) instead of Hugging Face's LlamaRMSNorm."),
+        click.option("--compile", is_flag=True, default=None,
+                     help="torch.compile the model (Inductor): fused norm, activation, rotary and loss regions, "
+                          "fewer saved activations; with --cuda-graphs, mode='reduce-overhead'."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
@@ -132,7 +135,7 @@ FLAG_TO_FIELD = {
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
-    "grad_clip": "grad_clip", "fused_norm": "fused_norm",
+    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile",
 }
 
 

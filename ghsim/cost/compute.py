@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
-from ghsim.cost.library_overheads import sdpa_fallback_rate, zero3_hook_seconds
+from ghsim.cost.library_overheads import sdpa_bool_mask_slowdown, sdpa_fallback_rate, zero3_hook_seconds
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
+from ghsim.graph.compiled_layer import INDUCTOR
 from ghsim.graph.flops import gemm_flops
 from ghsim.graph.offload.ops import SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.inductor import measured_hbm_Bps, region_curve
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
 from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, GpuAdam
 from ghsim.hardware import Hardware
@@ -71,6 +73,11 @@ class LaunchCosts:
 
     @classmethod
     def of(cls, hw: Hardware, cal: Calibration, plan: Plan) -> "LaunchCosts":
+        if plan.compile:
+            # a compiled graph launches its kernels from Inductor's wrapper, without nn.Module
+            # calls, autocast or autograd recording: the measured cost of one small eager op each;
+            # the optimizer is not compiled
+            return cls(cal.eager_op_s, cal.eager_op_s, cls.of(hw, cal, plan.with_(compile=False)).opt_s)
         measured = cal.framework_overhead.get(cls.variant(plan))
         if measured is None:  # no framework measurement: the profile's bare launch cost
             return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
@@ -127,20 +134,32 @@ class CostModel:
         floor = max(self.membound_time(op.bytes, "copy"), op.flops / self.hw.peak_flops[op.dtype])
         return max(self.gemm_time(m, n, k, op.dtype), floor)
 
-    def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool, dtype: str = "bf16") -> float:
+    def attention_time(self, flops: float, shape: tuple[int, ...], backward: bool, dtype: str = "bf16",
+                       mask: str = "") -> float:
         """SDPA as PyTorch runs it by default: cuDNN/flash in bf16; in fp32 the memory-efficient
-        kernel, or the math path for GQA (the calibration's rows carry that)."""
+        kernel, or the math path for GQA (the calibration's rows carry that). mask "bool_mask": an
+        explicit boolean causal mask with k/v expanded (Hugging Face under torch.compile), at the
+        measured slowdown of cuDNN's masked kernel."""
         batch, heads, kv_heads, seq, head_dim = shape
         tables = self.cal.attention_bwd if backward else self.cal.attention_fwd
         dtype = "fp32" if dtype in ("fp32", "tf32") and "fp32" in tables else "bf16"
         eff = tables[dtype].query(attention_features(seq, batch * heads, head_dim, kv_heads != heads))
         if head_dim % SDPA_HEAD_DIM_MULTIPLE:  # no cuDNN kernel: PyTorch falls back to FlashAttention-2
             eff *= sdpa_fallback_rate()
+        if mask:
+            eff /= sdpa_bool_mask_slowdown(head_dim, backward)
         peak = self.hw.peak_flops["fp32" if dtype == "fp32" else "bf16"]
         return max(flops / (eff * peak), self.cal.min_kernel_s)
 
     def membound_time(self, nbytes: float, variant: str) -> float:
-        """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32")."""
+        """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32"),
+        or a region torch.compile fuses ("inductor:rope")."""
+        if variant.startswith(INDUCTOR):
+            curve = region_curve(variant[len(INDUCTOR):])
+            if curve is not None:
+                fixed_s, rate = curve
+                return fixed_s + nbytes / (rate * self.hw.hbm.bandwidth / measured_hbm_Bps())
+            variant = "copy"  # an unmeasured region streams as a device copy
         fits = self.cal.membound
         fit = fits.get(variant) or fits.get(variant.split(":")[0]) or fits["copy"]
         return fit.fixed_s + nbytes / (fit.rate * self.hbm_ratio)
@@ -224,8 +243,8 @@ def _um_migrate(cm: CostModel, op: Op) -> float:
 # How each kind of op is priced (a table rather than a chain of comparisons: see _GPU_STREAM).
 _PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
     Kind.GEMM: _gemm,
-    Kind.ATTN_FWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=False, dtype=op.dtype),
-    Kind.ATTN_BWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype),
+    Kind.ATTN_FWD: lambda cm, op: cm.attention_time(op.flops, op.shape, False, op.dtype, op.variant),
+    Kind.ATTN_BWD: lambda cm, op: cm.attention_time(op.flops, op.shape, True, op.dtype, op.variant),
     Kind.MEMBOUND: lambda cm, op: cm.membound_time(op.bytes, op.variant),
     Kind.OPT_GPU: lambda cm, op: cm.optimizer_gpu_time(op.params, op.variant),
     Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant),

@@ -101,6 +101,10 @@ class LayerOps:
         self.phase = Phase.FWD
         self.save = True
 
+    # the measured curves of dtype casts (a compiled step's casts are Inductor's: graph/compiled_layer.py)
+    downcast = DOWNCAST
+    upcast = UPCAST
+
     # --- op constructors --------------------------------------------------------------
     def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float,
               phase: Phase | None = None) -> Op:
@@ -250,12 +254,12 @@ class LayerOps:
         needs_input = not frozen or bool(lora)
         if dt.autocast_casts and inp_bytes_per_el == 4:
             # autocast casts the fp32 input once per projection; each copy is saved (if needed)
-            self.mem(f"{p.name}.cast_in", DOWNCAST, T * p.n_in * 6, 1, Category.ELEMENTWISE,
+            self.mem(f"{p.name}.cast_in", self.downcast, T * p.n_in * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.x16": T * p.n_in * 2})
             keep.append(f"{p.name}.x16")
         if dt.autocast_casts and not frozen:
             w = p.n_in * p.n_out * p.experts
-            self.mem(f"{p.name}.cast_w", DOWNCAST, w * 6, 1, Category.ELEMENTWISE,
+            self.mem(f"{p.name}.cast_w", self.downcast, w * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.w16": w * 2})
             keep.append(f"{p.name}.w16")
         self.gemm(p.name, T, p.n_out, p.n_in, dt.gemm, creates={out: out_bytes})
@@ -293,7 +297,7 @@ class LayerOps:
             self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, dt.gemm, transient=gin)
             self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, Category.ELEMENTWISE)
             adapter = lora * (p.n_in + p.n_out)
-            self.mem(f"{p.name}.lora_grad_cast", UPCAST, adapter * 6, 2, Category.ELEMENTWISE,
+            self.mem(f"{p.name}.lora_grad_cast", self.upcast, adapter * 6, 2, Category.ELEMENTWISE,
                      creates={f"grad.{p.name}": adapter * 4})
         elif frozen:
             pass  # a frozen projection without an adapter: its input gradient only
@@ -304,7 +308,7 @@ class LayerOps:
             elif dt.autocast_casts:
                 # the bf16 weight gradient flows back through the weight cast: fp32 .grad
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, transient=w * 2)
-                self.mem(f"{p.name}.wgrad_cast", UPCAST, w * 6, 1, Category.ELEMENTWISE,
+                self.mem(f"{p.name}.wgrad_cast", self.upcast, w * 6, 1, Category.ELEMENTWISE,
                          creates={f"grad.{p.name}": w * 4})
             else:
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, creates={f"grad.{p.name}": w * dt.grad})
