@@ -92,6 +92,12 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"])
 PEFT_DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
 OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
+# FP8 scaling recipes (--fp8-recipe). The eager frameworks run torchao's float8 training
+# (graph/torchao_fp8.py): "tensorwise" (one dynamic scale per tensor, torchao's default) or "rowwise"
+# (per row / column). No recipe: --precision fp8 as before, our harness's per-op eager quantisation.
+# "delayed" (Transformer Engine's amax history) is Megatron's (--framework megatron).
+TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_RECIPES = ("delayed",) + TORCHAO_FP8_RECIPES
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,7 @@ class Plan:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
+    fp8_recipe: str = ""  # FP8_RECIPES, or "" (eager: the harness's per-op quantisation; Megatron: delayed)
     compile: bool = False  # torch.compile (Inductor) of the model: fused regions (graph/compiled_layer.py)
     rope_cast: bool = False  # eager: rotary tables cast to q's dtype (our harness) rather than HF's fp32 rotation
     cuda_graphs: bool = False
@@ -221,6 +228,8 @@ class Plan:
             parts.append("--fused-norm")
         if self.compile:
             parts.append("--compile")
+        if self.fp8_recipe:
+            parts.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.batch_prep_s:
             parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")
         return " ".join(parts)
@@ -307,7 +316,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
-        elif key == "optimizer_impl":
+        elif key in ("optimizer_impl", "fp8_recipe"):
             kw[key] = str(value)
         elif key == "optimizer" and value != "adamw":
             raise GhsimError(f"{where}: only the AdamW optimizer is modeled, got {value!r}")
@@ -342,6 +351,14 @@ def check_plan(plan: Plan) -> None:
     refusal = compile_refusal(plan)
     if refusal:
         raise GhsimError(refusal)
+    if plan.fp8_recipe and plan.precision != Precision.FP8:
+        raise GhsimError(f"--fp8-recipe {plan.fp8_recipe} needs --precision fp8 (the plan runs {plan.precision.value})")
+    if plan.fp8_recipe == "delayed" and not plan.framework.fused_kernels:
+        raise GhsimError("--fp8-recipe delayed is Transformer Engine's delayed scaling: it needs --framework megatron "
+                         "(the eager frameworks run torchao's float8: tensorwise or rowwise)")
+    if plan.fp8_recipe == "rowwise" and plan.framework.fused_kernels:
+        raise GhsimError("--fp8-recipe rowwise is torchao's recipe for eager frameworks; --framework "
+                         f"{plan.framework.value} runs Transformer Engine (delayed or tensorwise)")
     if plan.gpus % (plan.tp * plan.pp):
         raise GhsimError(
             f"--gpus {plan.gpus} is not divisible by tp*pp = {plan.tp}*{plan.pp} = {plan.tp * plan.pp}"
@@ -370,6 +387,8 @@ def check_values(plan: Plan) -> None:
         raise GhsimError(f"the CPU optimizer's share of the cores must lie in [0, 1], got {plan.cpu_cores_share}")
     if not 0.0 <= plan.offload_ratio <= 1.0:
         raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
+    if plan.fp8_recipe and plan.fp8_recipe not in FP8_RECIPES:
+        raise GhsimError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8_recipe!r}")
     if plan.optimizer_impl not in OPTIMIZER_IMPLS:
         raise GhsimError(
             f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {plan.optimizer_impl!r}"

@@ -103,6 +103,10 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--fused-norm", is_flag=True, default=None,
                      help="Eager frameworks: RMSNorm as torch.nn.RMSNorm runs it (one fused kernel each way, "
                           "saving the input and 1/rms) instead of Hugging Face's LlamaRMSNorm."),
+        click.option("--fp8-recipe", type=click.Choice(["delayed", "tensorwise", "rowwise"]), default=None,
+                     help="With --precision fp8: torchao's float8 training in eager frameworks (tensorwise: one "
+                          "dynamic scale per tensor; rowwise: per row), Transformer Engine's delayed scaling under "
+                          "--framework megatron; without it, eager fp8 is a per-op quantisation (README)."),
         click.option("--compile", is_flag=True, default=None,
                      help="torch.compile the model (Inductor): fused norm, activation, rotary and loss regions, "
                           "fewer saved activations; with --cuda-graphs, mode='reduce-overhead'."),
@@ -136,6 +140,7 @@ FLAG_TO_FIELD = {
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
     "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile",
+    "fp8_recipe": "fp8_recipe",
 }
 
 

@@ -19,10 +19,12 @@ from typing import Callable
 from ghsim.cost.calibration import Calibration, attention_features
 from ghsim.cost.library_overheads import sdpa_bool_mask_slowdown, sdpa_fallback_rate, zero3_hook_seconds
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
-from ghsim.graph.compiled_layer import INDUCTOR
+from ghsim.graph.dtypes import INDUCTOR
+from ghsim.graph.torchao_fp8 import CAST, ROWWISE
 from ghsim.graph.flops import gemm_flops
 from ghsim.graph.offload.ops import SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.fp8 import cast_rate, rowwise_gemm_factor
 from ghsim.cost.inductor import measured_hbm_Bps, region_curve
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
 from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, GpuAdam
@@ -154,6 +156,8 @@ class CostModel:
     def membound_time(self, nbytes: float, variant: str) -> float:
         """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32"),
         or a region torch.compile fuses ("inductor:rope")."""
+        if variant.startswith(CAST):
+            return self.cal.min_kernel_s + nbytes / cast_rate(variant, self.hw.hbm.bandwidth)
         if variant.startswith(INDUCTOR):
             curve = region_curve(variant[len(INDUCTOR):])
             if curve is not None:
@@ -226,7 +230,8 @@ def _gemm(cm: CostModel, op: Op) -> float:
     if op.variant == "batched":
         return cm.batched_gemm_time(op)
     m, n, k = op.shape
-    return cm.gemm_time(m, n, k, op.dtype)
+    t = cm.gemm_time(m, n, k, op.dtype)
+    return t * rowwise_gemm_factor() if op.variant == ROWWISE else t
 
 
 def _copy(cm: CostModel, op: Op) -> float:

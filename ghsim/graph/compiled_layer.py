@@ -22,13 +22,12 @@ inductor_regions.toml, from validation/microbench/issue15/compile_regions.json):
 
 from __future__ import annotations
 
-from ghsim.graph.dtypes import DOWNCAST, UPCAST
+from ghsim.graph.dtypes import DOWNCAST, UPCAST, inductor
 from ghsim.graph.eager_layer import EagerLayer
 from ghsim.graph.kernels import SDPA_BWD_KERNELS
 from ghsim.graph.layer_ops import LayerOps, Projection
 from ghsim.graph.ops import Category
 
-INDUCTOR = "inductor:"
 # Kernels as the compiled HF Llama traces show them (validation/measured_libraries/h100-compile-*):
 # the cross entropy's online log-softmax (2) and, in backward, the zero-filled gradient buffer HF's loss
 # hands over (aten::zeros) and the fused kernel that reads it with the logits (2); the rotary's backward
@@ -38,11 +37,6 @@ INDUCTOR_CE_FWD_KERNELS = 2
 INDUCTOR_CE_BWD_KERNELS = 2
 ROPE_BWD_KERNELS = 3
 REPEAT_KV_BWD_KERNELS = 2
-
-
-def inductor(region: str) -> str:
-    """The variant of an Inductor-fused region (its measured curve)."""
-    return INDUCTOR + region
 
 
 class CompiledLayer(EagerLayer):

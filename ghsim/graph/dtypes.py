@@ -26,6 +26,12 @@ from ghsim.plan import Framework, Plan, Precision
 # cast_fp32_to_bf16; the HF Llama traces of validation/measured_libraries show the same kernels).
 DOWNCAST = "cast_fp32_to_bf16"
 UPCAST = "cast_bf16_to_fp32"
+INDUCTOR = "inductor:"  # a region torch.compile fuses into one kernel (cost/inductor.py prices it)
+
+
+def inductor(region: str) -> str:
+    """The variant of an Inductor-fused region (its measured curve)."""
+    return INDUCTOR + region
 
 
 def fused_variant(inputs: int, width: int) -> str:

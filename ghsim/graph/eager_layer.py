@@ -23,15 +23,16 @@ from ghsim.graph.kernels import (
     SWIGLU_FWD_KERNELS,
     sdpa_backward_kernels,
 )
-from ghsim.graph.layer_ops import LayerOps, Projection
+from ghsim.graph.layer_ops import Projection
 from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
+from ghsim.graph.torchao_fp8 import TorchaoFp8Projections
 from ghsim.plan import Precision, Recompute
 
 
 _SHARED_OUTS = ("s_gate", "s_up")  # the shared experts' gate and up outputs
 
 
-class EagerLayer(LayerOps):
+class EagerLayer(TorchaoFp8Projections):
     """The eager (unfused) forward and backward of one layer."""
 
     def _forward_eager(self, save: bool, phase: Phase) -> dict[str, list[str]]:
@@ -86,7 +87,8 @@ class EagerLayer(LayerOps):
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
         self._mlp_act_fwd("swiglu" if len(self.mlp_in) == 2 else "gelu", ff, len(self.mlp_in), "act", "prod")
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
-        if not self.input_needed([self.down]):  # only down's weight (or adapter) gradient reads it
+        # only down's weight (or adapter) gradient reads it; compiled float8 keeps its fp8 copy instead
+        if not self.input_needed([self.down]) or self.plan.compile and self.torchao_recipe:
             self.ops[-1] = self.t.free(self.ops[-1], ["prod"])
         self.release(list(mlp_outs) + ["act"] + (["prod"] if "prod" in self.t.live else []))
         self.moe_combine_fwd()

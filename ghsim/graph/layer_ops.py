@@ -9,7 +9,7 @@ from ghsim.graph.kernels import COMPOSITE_SPLITS, FP8_QUANT_KERNELS
 from ghsim.graph.ops import Category, Collective, Kind, Op, Phase, Resource
 from ghsim.graph.tensors import Tensors
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan, Precision
+from ghsim.plan import TORCHAO_FP8_RECIPES, Plan, Precision
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ class LayerOps:
     # the measured curves of dtype casts (a compiled step's casts are Inductor's: graph/compiled_layer.py)
     downcast = DOWNCAST
     upcast = UPCAST
+
+    @property
+    def torchao_recipe(self) -> str:
+        """The plan's torchao float8 recipe (graph/torchao_fp8.py), "" when it runs none: eager
+        frameworks only (Megatron's fp8 is Transformer Engine's)."""
+        recipe = self.plan.fp8_recipe
+        return recipe if recipe in TORCHAO_FP8_RECIPES and self.plan.precision == Precision.FP8 and not self.fused else ""
 
     # --- op constructors --------------------------------------------------------------
     def _emit(self, op: Op, creates: dict[str, float] | None, frees: list[str] | None, transient: float,
@@ -240,6 +247,8 @@ class LayerOps:
         lora = self.plan.lora_rank if frozen and lora_targeted(self.plan, p.name) else 0
         keep: list[str] = []
         out_bytes = T * p.n_out * dt.act
+        if self.torchao_recipe:
+            return self.torchao_fwd(p, inp_bytes_per_el, T, out, out_bytes)
         if self.plan.precision == Precision.FP8:
             for what, numel, src in (("x", T * p.n_in, inp_bytes_per_el), ("w", p.n_in * p.n_out, dt.param)):
                 # bytes as microbench2 counts them: the source read once, the fp8 copy written once
@@ -282,6 +291,10 @@ class LayerOps:
         frozen = self.plan.lora_rank > 0
         lora = self.plan.lora_rank if frozen and lora_targeted(self.plan, p.name) else 0
         gin = T * p.n_in * dt.act
+        if self.torchao_recipe:
+            self.torchao_bwd(p, T, grad_in, gin)
+            self.ops[-1] = self.t.free(self.ops[-1], kept + ([grad_out] if free_grad else []))
+            return
         if self.plan.precision == Precision.FP8:
             g = T * p.n_out
             self.mem(f"{p.name}.fp8_quant_grad", dtyped("fp8_quant", dt.act), g * (dt.act + 1), FP8_QUANT_KERNELS + 1,
