@@ -52,7 +52,8 @@ def test_recipes_that_do_not_apply_are_refused(plan, words):
         simulate(MODEL, H100, plan)
 
 
-def test_fp8_on_a100_is_refused_with_exit_2():
-    r = CliRunner().invoke(main, ["simulate", "--model", "llama-3-8b", "--hardware", "a100-sxm-80gb",
-                                  "--precision", "fp8", "--fp8-recipe", "tensorwise"])
+@pytest.mark.parametrize("command", [["simulate", "--precision", "fp8"], ["plan", "--gpus", "1", "--time-limit", "1"]])
+def test_fp8_on_a100_is_refused_with_exit_2(command):
+    r = CliRunner().invoke(main, [*command, "--model", "llama-3-8b", "--hardware", "a100-sxm-80gb",
+                                  "--fp8-recipe", "tensorwise"])
     assert r.exit_code == 2 and "FP8" in r.output and "Traceback" not in r.output

@@ -76,6 +76,8 @@ def searched_precisions(precisions: str, pins: dict[str, Any], base, hw) -> tupl
                          f"{', '.join(p.value for p in Precision)}") from None
     if "precision" in pins:
         check_precision(base.with_(precision=pins["precision"]), hw)
+    if base.fp8_recipe:  # a recipe is an fp8 plan: the part must run fp8
+        check_precision(base.with_(precision=Precision.FP8), hw)
     precs = supported_precisions(hw, precs)
     if not precs:
         raise GhsimError(f"--precisions: {hw.name} runs none of {precisions!r} (it has no FP8 Tensor Cores)")
