@@ -91,12 +91,15 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # peft's default for Llama-family models (peft/utils/constants.py,
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"])
 PEFT_DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
-OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")
-# FP8 scaling recipes by Megatron-LM's names (--fp8-recipe): "delayed" (Transformer Engine's
-# DelayedScaling: scales from an amax history) and "tensorwise" (TE's Float8CurrentScaling: each
-# tensor's scale from its own amax, computed before the cast); "" is the framework's default
-# (Megatron: delayed)
-FP8_RECIPES = ("delayed", "tensorwise")  # cpu: the optimizer step runs on the host (offload)
+OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on the host (offload)
+# FP8 scaling recipes (--fp8-recipe), by framework. Megatron runs Transformer Engine (graph/te_fp8.py):
+# "delayed" (DelayedScaling: scales from an amax history; its default) or "tensorwise"
+# (Float8CurrentScaling: each tensor's scale from its own amax, read before the cast). The eager
+# frameworks run torchao's float8 training (graph/torchao_fp8.py): "tensorwise" (one dynamic scale per
+# tensor, torchao's default) or "rowwise" (per row / column). No recipe: an eager plan's --precision fp8
+# is our harness's per-op eager quantisation, as before; Megatron's is delayed.
+TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
+FP8_RECIPES = ("delayed",) + TORCHAO_FP8_RECIPES
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,12 @@ class Plan:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
-    fp8_recipe: str = ""  # FP8_RECIPES, or "" for the framework's default
+    fp8_recipe: str = ""  # FP8_RECIPES, or "" (eager: the harness's per-op quantisation; Megatron: delayed)
     # Megatron's --fp8-param-gather (NeMo's fp8_params): the working weights are fp8 tensors, gathered and
     # stored in 1 byte; Transformer Engine keeps only their transposes for the step
     fp8_params: bool = False
+    compile: bool = False  # torch.compile (Inductor) of the model: fused regions (graph/compiled_layer.py)
+    rope_cast: bool = False  # eager: rotary tables cast to q's dtype (our harness) rather than HF's fp32 rotation
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -226,6 +231,8 @@ class Plan:
             parts.append("--cuda-graphs")
         if self.fused_norm:
             parts.append("--fused-norm")
+        if self.compile:
+            parts.append("--compile")
         if self.fp8_recipe:
             parts.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.fp8_params:
@@ -308,7 +315,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
         elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
-                     "fp8_params"):
+                     "fp8_params", "rope_cast", "compile"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
@@ -333,22 +340,39 @@ def load_plan_toml(path: Path) -> Plan:
     return plan_from_dict(read_toml(path), str(path))
 
 
+def compile_refusal(plan: Plan) -> str | None:
+    """Why ghsim does not model the plan compiled (None: it does)."""
+    if not plan.compile:
+        return None
+    if plan.framework.fused_kernels:
+        return (f"--compile models torch.compile of an eager (Hugging Face) model; --framework "
+                f"{plan.framework.value} runs its own fused kernels: drop --compile or pick an eager framework")
+    if plan.tp > 1:
+        return "--compile with tensor parallelism (--tp > 1) is not modeled: drop --compile or --tp"
+    return None
+
+
 def check_plan(plan: Plan) -> None:
     """Reject plans that are impossible regardless of model and hardware."""
     check_values(plan)
+    refusal = compile_refusal(plan)
+    if refusal:
+        raise GhsimError(refusal)
+    if plan.fp8_recipe and plan.precision != Precision.FP8:
+        raise GhsimError(f"--fp8-recipe {plan.fp8_recipe} needs --precision fp8 (the plan runs {plan.precision.value})")
+    if plan.fp8_recipe == "delayed" and not plan.framework.fused_kernels:
+        raise GhsimError("--fp8-recipe delayed is Transformer Engine's delayed scaling: it needs --framework megatron "
+                         "(the eager frameworks run torchao's float8: tensorwise or rowwise)")
+    if plan.fp8_recipe == "rowwise" and plan.framework.fused_kernels:
+        raise GhsimError("--fp8-recipe rowwise is torchao's recipe for eager frameworks; --framework "
+                         f"{plan.framework.value} runs Transformer Engine (delayed or tensorwise)")
     if plan.gpus % (plan.tp * plan.pp):
         raise GhsimError(
             f"--gpus {plan.gpus} is not divisible by tp*pp = {plan.tp}*{plan.pp} = {plan.tp * plan.pp}"
         )
-    if plan.fp8_recipe and plan.precision != Precision.FP8:
-        raise GhsimError(f"--fp8-recipe {plan.fp8_recipe} needs --precision fp8 (the plan runs {plan.precision.value})")
     if plan.fp8_params and (plan.precision != Precision.FP8 or not plan.framework.fused_kernels):
         raise GhsimError("--fp8-params keeps Megatron's working weights in fp8 (--fp8-param-gather): it needs "
                          "--precision fp8 and --framework megatron")
-    if plan.fp8_recipe == "delayed" and not plan.framework.fused_kernels:
-        # torchao's float8 training, the eager frameworks' FP8, scales dynamically (tensorwise or rowwise)
-        raise GhsimError("--fp8-recipe delayed is Transformer Engine's delayed scaling: it needs --framework megatron "
-                         "(the eager frameworks' FP8, torchao float8, scales each tensor dynamically: tensorwise)")
     if plan.global_batch and plan.global_batch % (plan.dp * plan.micro_batch):
         raise GhsimError(
             f"--global-batch {plan.global_batch} is not a multiple of data-parallel ranks x micro-batch "

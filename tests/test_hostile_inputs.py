@@ -48,8 +48,9 @@ CHOICE_FLAGS = {"--precision": ["fp32", "tf32", "bf16", "fp16", "fp8"], "--recom
                 "--optimizer-impl": ["foreach", "fused"],
                 "--cpu-optimizer": ["auto", "deepspeed-cpuadam", "torch-fused", "torch-foreach", "torch-forloop", "x"],
                 "--lora-targets": ["all", "peft", "q,v", "q,k,v,o", "qkv", ",", "gate,down"],
-                "--fp8-recipe": ["delayed", "tensorwise", "rowwise", ""]}
-SWITCHES = ["--unified-memory", "--cuda-graphs", "--sequence-parallel", "--offload-pageable", "--grad-clip", "--fp8-params"]
+                "--fp8-recipe": ["delayed", "tensorwise", "rowwise", "mxfp8", ""]}
+SWITCHES = ["--unified-memory", "--cuda-graphs", "--sequence-parallel", "--offload-pageable", "--grad-clip", "--fp8-params",
+            "--compile"]
 HARDWARE = ["gh200-96gb", "h100-sxm", "h100-pcie", "h200-sxm", "a100-sxm-80gb", "gh200-96gb-quad", "nope"]
 JUNK = ["", "\x00", "é", "-", "--", "a" * 300, "../../etc/passwd", "{}", "[]", "1e400"]
 

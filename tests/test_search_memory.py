@@ -78,6 +78,8 @@ plans = st.builds(
     offload_ratio=st.sampled_from([1.0, 0.5]),
     lora_rank=st.sampled_from([0, 0, 8]),
     optimizer_impl=st.sampled_from(["foreach", "fused"]),
+    compile=st.sampled_from([False, False, True]),
+    fp8_recipe=st.sampled_from(["", "", "tensorwise", "rowwise"]),
 )
 
 

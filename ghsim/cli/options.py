@@ -103,12 +103,17 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--fused-norm", is_flag=True, default=None,
                      help="Eager frameworks: RMSNorm as torch.nn.RMSNorm runs it (one fused kernel each way, "
                           "saving the input and 1/rms) instead of Hugging Face's LlamaRMSNorm."),
-        click.option("--fp8-recipe", type=click.Choice(["delayed", "tensorwise"]), default=None,
-                     help="With --precision fp8 under --framework megatron (Transformer Engine): delayed scaling "
-                          "from an amax history (default) or tensorwise current scaling (each tensor's amax first)."),
+        click.option("--fp8-recipe", type=click.Choice(["delayed", "tensorwise", "rowwise"]), default=None,
+                     help="With --precision fp8. Eager frameworks run torchao's float8 training: tensorwise (one "
+                          "dynamic scale per tensor) or rowwise (per row); without a recipe, eager fp8 is a per-op "
+                          "quantisation (README). --framework megatron runs Transformer Engine: delayed scaling from "
+                          "an amax history (its default) or tensorwise current scaling (each tensor's amax first)."),
         click.option("--fp8-params", is_flag=True, default=None,
                      help="With --precision fp8 under --framework megatron: fp8 working weights, stored and gathered "
                           "in 1 byte (Megatron's --fp8-param-gather, NeMo's fp8_params)."),
+        click.option("--compile", is_flag=True, default=None,
+                     help="torch.compile the model (Inductor): fused norm, activation, rotary and loss regions, "
+                          "fewer saved activations; with --cuda-graphs, mode='reduce-overhead'."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
@@ -138,8 +143,8 @@ FLAG_TO_FIELD = {
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
-    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "fp8_recipe": "fp8_recipe",
-    "fp8_params": "fp8_params",
+    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile",
+    "fp8_recipe": "fp8_recipe", "fp8_params": "fp8_params",
 }
 
 

@@ -18,12 +18,17 @@ from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
 from ghsim.cost.overlay import Corrections
-from ghsim.cost.library_overheads import sdpa_fallback_rate, sdpa_mask_over_causal_time, zero3_hook_seconds
+from ghsim.cost.library_overheads import (sdpa_bool_mask_slowdown, sdpa_fallback_rate, sdpa_mask_over_causal_time,
+                                          zero3_hook_seconds)
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
+from ghsim.graph.dtypes import INDUCTOR
+from ghsim.graph.torchao_fp8 import CAST, ROWWISE
 from ghsim.graph.flops import gemm_flops, window_pair_fraction
 from ghsim.graph.layer_ops import MASKED_SDPA
 from ghsim.graph.offload.ops import SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.fp8 import cast_rate, rowwise_gemm_factor
+from ghsim.cost.inductor import measured_hbm_Bps, region_curve
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
 from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, GpuAdam
 from ghsim.hardware import Hardware
@@ -77,6 +82,11 @@ class LaunchCosts:
 
     @classmethod
     def of(cls, hw: Hardware, cal: Calibration, plan: Plan) -> "LaunchCosts":
+        if plan.compile:
+            # a compiled graph launches its kernels from Inductor's wrapper, without nn.Module
+            # calls, autocast or autograd recording: the measured cost of one small eager op each;
+            # the optimizer is not compiled
+            return cls(cal.eager_op_s, cal.eager_op_s, cls.of(hw, cal, plan.with_(compile=False)).opt_s)
         measured = cal.framework_overhead.get(cls.variant(plan))
         if measured is None:  # no framework measurement: the profile's bare launch cost
             return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
@@ -139,7 +149,10 @@ class CostModel:
                        variant: str = "") -> float:
         """SDPA as PyTorch runs it by default: cuDNN/flash in bf16; in fp32 the memory-efficient
         kernel, or the math path for GQA (the calibration's rows carry that). `flops` is the work
-        of the allowed query-key pairs (a sliding window's, graph/layer_ops.attention_call)."""
+        of the allowed query-key pairs (a sliding window's, graph/layer_ops.attention_call).
+        variant MASKED_SDPA: the window reaches SDPA as a boolean mask (every pair computed);
+        "bool_mask": an explicit boolean causal mask with k/v expanded (Hugging Face under
+        torch.compile), at the measured slowdown of cuDNN's masked kernel."""
         batch, heads, kv_heads, seq, head_dim = shape[:5]
         if variant == MASKED_SDPA:
             flops *= masked_window_factor(shape)
@@ -148,11 +161,22 @@ class CostModel:
         eff = tables[dtype].query(attention_features(seq, batch * heads, head_dim, kv_heads != heads))
         if head_dim % SDPA_HEAD_DIM_MULTIPLE:  # no cuDNN kernel: PyTorch falls back to FlashAttention-2
             eff *= sdpa_fallback_rate()
+        if variant == "bool_mask":
+            eff /= sdpa_bool_mask_slowdown(head_dim, backward)
         peak = self.hw.peak_flops["fp32" if dtype == "fp32" else "bf16"]
         return max(flops / (eff * peak), self.cal.min_kernel_s)
 
     def membound_time(self, nbytes: float, variant: str) -> float:
-        """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32")."""
+        """`variant` is a measured op name, optionally with the dtype it ran in ("rmsnorm_fwd:fp32"),
+        or a region torch.compile fuses ("inductor:rope")."""
+        if variant.startswith(CAST):
+            return self.cal.min_kernel_s + nbytes / cast_rate(variant, self.hw.hbm.bandwidth)
+        if variant.startswith(INDUCTOR):
+            curve = region_curve(variant[len(INDUCTOR):])
+            if curve is not None:
+                fixed_s, rate = curve
+                return fixed_s + nbytes / (rate * self.hw.hbm.bandwidth / measured_hbm_Bps())
+            variant = "copy"  # an unmeasured region streams as a device copy
         fits = self.cal.membound
         fit = fits.get(variant) or fits.get(variant.split(":")[0]) or fits["copy"]
         return fit.fixed_s + nbytes / (fit.rate * self.hbm_ratio)
@@ -238,7 +262,8 @@ def _gemm(cm: CostModel, op: Op) -> float:
     if op.variant == "batched":
         return cm.batched_gemm_time(op)
     m, n, k = op.shape
-    return cm.gemm_time(m, n, k, op.dtype)
+    t = cm.gemm_time(m, n, k, op.dtype)
+    return t * rowwise_gemm_factor() if op.variant == ROWWISE else t
 
 
 def _copy(cm: CostModel, op: Op) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from ghsim.tomlio import read_toml, repo_root, sourced
 
 TABLE = repo_root() / "hardware_profiles" / "calibration" / "library_overheads.toml"
@@ -23,6 +25,16 @@ def sdpa_fallback_rate() -> float:
 def sdpa_mask_over_causal_time() -> float:
     """PyTorch SDPA with a boolean attention mask (every pair computed) over the same call with is_causal."""
     return _figure("pytorch_sdpa", "mask_over_causal_time")
+
+
+@lru_cache(maxsize=64)
+def sdpa_bool_mask_slowdown(head_dim: int, backward: bool) -> float:
+    """PyTorch SDPA's time with a boolean causal mask and expanded k/v (Hugging Face under
+    torch.compile) over is_causal with enable_gqa, by head dimension (measured at a few)."""
+    prefix = "bwd_" if backward else "fwd_"
+    dims = sorted(int(k[len(prefix):]) for k in read_toml(TABLE).get("pytorch_sdpa_bool_mask", {}) if k.startswith(prefix))
+    ratios = [_figure("pytorch_sdpa_bool_mask", f"{prefix}{d}") for d in dims]
+    return float(np.interp(head_dim, dims, ratios))
 
 
 def zero3_hook_seconds() -> tuple[float, float]:

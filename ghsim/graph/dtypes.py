@@ -20,6 +20,20 @@ from dataclasses import dataclass
 from ghsim.plan import Framework, Plan, Precision
 
 
+# The measured curves of autocast's dtype casts. A bf16 -> fp32 cast (a gradient arriving in
+# bf16 for an fp32 tensor, logits.float()) runs PyTorch's unrolled direct_copy kernel, about 1.5x
+# the time of the vectorized fp32 -> bf16 cast for the same bytes (microbench cast_bf16_to_fp32 vs
+# cast_fp32_to_bf16; the HF Llama traces of validation/measured_libraries show the same kernels).
+DOWNCAST = "cast_fp32_to_bf16"
+UPCAST = "cast_bf16_to_fp32"
+INDUCTOR = "inductor:"  # a region torch.compile fuses into one kernel (cost/inductor.py prices it)
+
+
+def inductor(region: str) -> str:
+    """The variant of an Inductor-fused region (its measured curve)."""
+    return INDUCTOR + region
+
+
 def fused_variant(inputs: int, width: int) -> str:
     """The measured curve a fused kernel streams at: the device copy with one input stream,
     the add with several (time = fixed + bytes/rate; bytes = inputs read once + outputs written once)."""

@@ -11,25 +11,27 @@ Fused kernels (Framework.MEGATRON) are graph/fused_layer.py.
 
 from __future__ import annotations
 
-from ghsim.graph.dtypes import dtyped
+from ghsim.graph.dtypes import DOWNCAST, UPCAST, dtyped
 from ghsim.graph.kernels import (
     RMSNORM_BWD_KERNELS,
     RMSNORM_FWD_KERNELS,
+    HF_ROPE_FP32_BWD_KERNELS,
     ROPE_BWD_KERNELS,
     ROPE_FWD_KERNELS,
     SWIGLU_BWD_KERNELS,
     SWIGLU_FWD_KERNELS,
     sdpa_backward_kernels,
 )
-from ghsim.graph.layer_ops import LayerOps, Projection
+from ghsim.graph.layer_ops import Projection
 from ghsim.graph.ops import Category, Kind, Op, Phase, Resource
+from ghsim.graph.torchao_fp8 import TorchaoFp8Projections
 from ghsim.plan import Precision, Recompute
 
 
 _SHARED_OUTS = ("s_gate", "s_up")  # the shared experts' gate and up outputs
 
 
-class EagerLayer(LayerOps):
+class EagerLayer(TorchaoFp8Projections):
     """The eager (unfused) forward and backward of one layer."""
 
     def _forward_eager(self, save: bool, phase: Phase) -> dict[str, list[str]]:
@@ -45,56 +47,52 @@ class EagerLayer(LayerOps):
         self._eager_norm_fwd("input_norm", "n1", Tn)
         gathered = self.tp_gather("n1.all_gather", T * h * rs, "n1.g")
         for p, out in zip(self.attn_in, ("q", "k", "v")):
-            kept[p.name] = self.projection_fwd(p, gathered or "n1.out", rs, out)
+            kept[p.name] = self.projection_fwd(p, gathered or "n1.out", self.norm_out_width, out)
         if gathered:  # not saved: backward gathers it again
             self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n1.normed", "n1.rstd"])
-        if dt.autocast_casts or self.plan.precision == Precision.FP8 or not self.input_needed(self.attn_in):
+        if self.norm_out_cast or self.plan.precision == Precision.FP8 or not self.input_needed(self.attn_in):
             self.ops[-1] = self.t.free(self.ops[-1], ["n1.out"])  # only its casts are kept, or nothing reads it
         else:
             self.release(["n1.out"])
-        # rotary: rotated copies replace q and k
-        self.mem("rope", "rope", 2 * T * (q + kv) * act, 2 * ROPE_FWD_KERNELS + 2, Category.ELEMENTWISE,
-                 creates={"q_rot": T * q * act, "k_rot": T * kv * act}, frees=["q", "k"], transient=T * (q + kv) * act)
+        self._rope_fwd()
         # flash attention keeps q, k, v, its output and the log-sum-exp
         lse = b * m.num_attention_heads * seq * 4
         shape, flops, variant = self.attention_call(backward=False)
         selective = self.plan.recompute == Recompute.SELECTIVE
+        self._kv_for_sdpa()
         attn = Op(name="flash_attn", category=Category.ATTENTION, kind=Kind.ATTN_FWD, resource=Resource.GPU,
-                  dtype=self.attn_dtype, flops=flops, shape=shape, variant=variant)
+                  dtype=self.attn_dtype, flops=flops, shape=shape, variant=variant or self.sdpa_mask)
         self._emit(attn, {"o": T * q * act, **({} if selective else {"lse": lse})}, None, 0.0)
         kept["o_proj"] = self.projection_fwd(self.o_proj, "o", act, "attn_out")
         self.release(["q_rot", "k_rot", "v", "o"] + ([] if selective else ["lse"]))
         attn_out = self.tp_reduce("attn_out.tp_reduce", "attn_out", T * h * act)
-        self.mem("attn_residual", "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE,
-                 creates={"h1": Tn * h * rs}, frees=[attn_out])
+        self._residual_add("attn_residual", attn_out, "h1")
         # post-attention RMSNorm and the MLP
         self._eager_norm_fwd("post_attn_norm", "n2", Tn)
         gathered = self.tp_gather("n2.all_gather", T * h * rs, "n2.g")
         self.moe_dispatch_fwd()
         mlp_outs = ("gate", "up")[: len(self.mlp_in)]
         for p, out in zip(self.mlp_in + self.shared_in, mlp_outs + _SHARED_OUTS[: len(self.shared_in)]):
-            kept[p.name] = self.projection_fwd(p, gathered or "n2.out", rs, out)
+            kept[p.name] = self.projection_fwd(p, gathered or "n2.out", self.norm_out_width, out)
         if gathered:
             self.ops[-1] = self.t.free(self.ops[-1], [gathered])
         self.release(["n2.normed", "n2.rstd", "h1"])
-        if dt.autocast_casts or self.plan.precision == Precision.FP8 or not self.input_needed(self.mlp_in):
+        if self.norm_out_cast or self.plan.precision == Precision.FP8 or not self.input_needed(self.mlp_in):
             self.ops[-1] = self.t.free(self.ops[-1], ["n2.out"])
         else:
             self.release(["n2.out"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
-        # bytes as the microbenchmark counts them: inputs read once, the product written once
-        self.mem("swiglu" if len(self.mlp_in) == 2 else "gelu", "silu_mul", ff * (len(self.mlp_in) + 1),
-                 SWIGLU_FWD_KERNELS, Category.ELEMENTWISE, creates={"act": ff, "prod": ff})
+        self._mlp_act_fwd("swiglu" if len(self.mlp_in) == 2 else "gelu", ff, len(self.mlp_in), "act", "prod")
         kept["down_proj"] = self.projection_fwd(self.down, "prod", act, "mlp_out")
-        if not self.input_needed([self.down]):  # only down's weight (or adapter) gradient reads it
+        # only down's weight (or adapter) gradient reads it; compiled float8 keeps its fp8 copy instead
+        if not self.input_needed([self.down]) or self.plan.compile and self.torchao_recipe:
             self.ops[-1] = self.t.free(self.ops[-1], ["prod"])
         self.release(list(mlp_outs) + ["act"] + (["prod"] if "prod" in self.t.live else []))
         self.moe_combine_fwd()
         self._shared_experts_fwd(kept)
         mlp_out = self.tp_reduce("mlp_out.tp_reduce", "mlp_out", T * h * act)
-        self.mem("mlp_residual", "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE,
-                 creates={"x_next": Tn * h * rs}, frees=[mlp_out])
+        self._residual_add("mlp_residual", mlp_out, "x_next")
         if not save:
             for names in kept.values():
                 self.ops[-1] = self.t.free(self.ops[-1], [n for n in names if n in self.t.live and not n.endswith(".w16")])
@@ -112,7 +110,7 @@ class EagerLayer(LayerOps):
         grad_cast = dt.autocast_casts
         Tn = self.Tn
         # MLP branch
-        self.mem("mlp_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0,
+        self.mem("mlp_residual.bwd", self.downcast, Tn * h * (g + act), 1 if grad_cast else 0,
                  Category.ELEMENTWISE,
                  creates={"g_mlp_out": Tn * h * act})
         g_mlp_out = self.gathered_grad("g_mlp_out", T * h * act)
@@ -121,8 +119,8 @@ class EagerLayer(LayerOps):
         self.projection_bwd(self.down, g_mlp_out, "g_prod", kept["down_proj"])
         ff = self.mlp_tokens * self.mlp_in[0].n_out * act
         grads_in = {f"g_{n}": ff for n in ("gate", "up")[: len(self.mlp_in)]}
-        self.mem("swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, Category.ELEMENTWISE, creates=grads_in,
-                 frees=["g_prod", *[n for n in ("gate", "up", "act", "prod") if n in self.t.live]])
+        self._mlp_act_bwd("swiglu.bwd", ff, grads_in,
+                          ["g_prod", *[n for n in ("gate", "up", "act", "prod") if n in self.t.live]])
         regathered = self.tp_gather("n2.all_gather.bwd", T * h * self.dt.residual, "n2.g", for_wgrad=True)
         if m.moe is not None:
             self.ep_all_to_all("moe_dispatch.bwd.all_to_all", self.mlp_tokens * h * act)
@@ -133,7 +131,7 @@ class EagerLayer(LayerOps):
         g_n2 = self.tp_reduce("g_n2.tp_reduce", "g_n2", T * h * (4 if dt.autocast_casts else act))
         self._norm_bwd("post_attn_norm", "n2", g_n2, "h1")
         # attention branch
-        self.mem("attn_residual.bwd", "cast_fp32_to_bf16", Tn * h * (g + act), 1 if grad_cast else 0,
+        self.mem("attn_residual.bwd", self.downcast, Tn * h * (g + act), 1 if grad_cast else 0,
                  Category.ELEMENTWISE,
                  creates={"g_attn_out": Tn * h * act})
         g_attn_out = self.gathered_grad("g_attn_out", T * h * act)
@@ -141,21 +139,101 @@ class EagerLayer(LayerOps):
         shape, flops, variant = self.attention_call(backward=False)
         if self.plan.recompute == Recompute.SELECTIVE:
             recompute = Op(name="flash_attn.recompute", category=Category.ATTENTION, kind=Kind.ATTN_FWD,
-                           resource=Resource.GPU, dtype=self.attn_dtype, flops=flops, shape=shape, variant=variant)
+                           resource=Resource.GPU, dtype=self.attn_dtype, flops=flops, shape=shape,
+                           variant=variant or self.sdpa_mask)
             self._emit(recompute, {"lse": b * m.num_attention_heads * seq * 4}, None, T * q * act, Phase.RECOMPUTE)
         shape, flops, variant = self.attention_call(backward=True)
         bwd = Op(name="flash_attn.bwd", category=Category.ATTENTION, kind=Kind.ATTN_BWD, resource=Resource.GPU,
-                 dtype=self.attn_dtype, kernels=sdpa_backward_kernels(m.num_attention_heads, m.num_kv_heads),
-                 flops=flops, shape=shape, variant=variant)
-        self._emit(bwd, {"g_q": T * q * act, "g_k": T * kv * act, "g_v": T * kv * act},
+                 dtype=self.attn_dtype, kernels=self._sdpa_bwd_kernels(),
+                 flops=flops, shape=shape, variant=variant or self.sdpa_mask)
+        kvs = self.sdpa_kv_dim
+        self._emit(bwd, {"g_q": T * q * act, "g_k": T * kvs * act, "g_v": T * kvs * act},
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
-        self.mem("rope.bwd", "rope", 2 * T * (q + kv) * act, 2 * ROPE_BWD_KERNELS, Category.ELEMENTWISE,
-                 creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
+        self._rope_bwd()
         regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g", for_wgrad=True)
         self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1",
                           extra_free=["n1.out"] + ([regathered] if regathered else []))
         g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
         self._norm_bwd("input_norm", "n1", g_n1, "x")
+
+    # --- the regions torch.compile fuses (graph/compiled_layer.py overrides these) --------------
+    @property
+    def norm_out_width(self) -> int:
+        """Bytes per element of a norm's output: HF's norm writes the residual stream's dtype."""
+        return self.dt.residual
+
+    @property
+    def norm_out_cast(self) -> bool:
+        """Whether autocast casts the norm's output per projection (each copy saved, not the output)."""
+        return self.dt.autocast_casts
+
+    @property
+    def sdpa_mask(self) -> str:
+        """How SDPA is called: is_causal (eager HF passes no mask; GQA through enable_gqa)."""
+        return ""
+
+    @property
+    def sdpa_kv_dim(self) -> int:
+        """Width of the k and v SDPA reads (and saves): the kv heads', GQA handled inside SDPA."""
+        return self.m.kv_dim
+
+    def _sdpa_bwd_kernels(self) -> int:
+        return sdpa_backward_kernels(self.m.num_attention_heads, self.m.num_kv_heads)
+
+    def _kv_for_sdpa(self) -> None:
+        """k and v as SDPA takes them (eager HF: as they are, GQA handled inside SDPA)."""
+
+    def _residual_add(self, name: str, branch_out: str, out: str) -> None:
+        """The residual stream plus a branch's output: one add kernel."""
+        h, rs, act, Tn = self.m.hidden_size, self.dt.residual, self.dt.act, self.Tn
+        self.mem(name, "add", Tn * h * (2 * rs + act), 1, Category.ELEMENTWISE, creates={out: Tn * h * rs},
+                 frees=[branch_out])
+
+    def _mlp_act_fwd(self, name: str, ff: float, inputs: int, act: str, prod: str) -> None:
+        """SwiGLU (silu and mul) or GELU; bytes as the microbenchmark counts them: inputs read once,
+        the product written once."""
+        self.mem(name, "silu_mul", ff * (inputs + 1), SWIGLU_FWD_KERNELS, Category.ELEMENTWISE,
+                 creates={act: ff, prod: ff})
+
+    def _mlp_act_bwd(self, name: str, ff: float, grads: dict[str, float], frees: list[str]) -> None:
+        self.mem(name, "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, Category.ELEMENTWISE, creates=grads, frees=frees)
+
+    @property
+    def _rope_fp32(self) -> bool:
+        """Hugging Face's rotary embedding hands cos/sin over in the residual stream's dtype: with
+        fp32 parameters under autocast (torch-amp) q*cos promotes to fp32, so the rotation runs in
+        fp32 and autocast casts the rotated q and k back to bf16 for SDPA (the HF Llama traces of
+        validation/measured_libraries). plan.rope_cast: the tables are cast to q's dtype first
+        (validation/harness/model.py), and the rotation stays in bf16."""
+        return not self.plan.rope_cast and self.dt.residual == 4 and self.dt.act == 2
+
+    def _rope_fwd(self) -> None:
+        """Rotary embedding: rotated copies replace q and k."""
+        T, act = self.T, self.dt.act
+        n = T * (self.m.q_dim + self.m.kv_dim)
+        rotated = {"q_rot": T * self.m.q_dim * act, "k_rot": T * self.m.kv_dim * act}
+        if not self._rope_fp32:
+            self.mem("rope", "rope", 2 * n * act, 2 * ROPE_FWD_KERNELS + 2, Category.ELEMENTWISE,
+                     creates=rotated, frees=["q", "k"], transient=n * act)
+            return
+        # the measured (bf16) rotary curve at the bytes of a bf16 input and fp32 output
+        self.mem("rope", "rope", n * (act + 4), 2 * ROPE_FWD_KERNELS, Category.ELEMENTWISE, transient=2 * n * 4)
+        self.mem("rope.cast", DOWNCAST, n * (4 + act), 2, Category.ELEMENTWISE, creates=rotated, frees=["q", "k"],
+                 transient=n * 4)
+
+    def _rope_bwd(self) -> None:
+        """The rotation's backward: "g_q", "g_k" become "g_qp", "g_kp" (in fp32 with HF's fp32 rotation:
+        SDPA's bf16 gradients are cast up, and each product's gradient cast back to q's dtype)."""
+        T, act = self.T, self.dt.act
+        n = T * (self.m.q_dim + self.m.kv_dim)
+        grads = {"g_qp": T * self.m.q_dim * act, "g_kp": T * self.m.kv_dim * act}
+        if not self._rope_fp32:
+            self.mem("rope.bwd", "rope", 2 * n * act, 2 * ROPE_BWD_KERNELS, Category.ELEMENTWISE,
+                     creates=grads, frees=["g_q", "g_k"])
+            return
+        self.mem("rope.grad_cast", UPCAST, n * (act + 4), 2, Category.ELEMENTWISE, transient=n * 4)
+        self.mem("rope.bwd", "rope", n * (4 + act), 2 * HF_ROPE_FP32_BWD_KERNELS, Category.ELEMENTWISE,
+                 creates=grads, frees=["g_q", "g_k"], transient=2 * n * 4)
 
     def _shared_experts_fwd(self, kept: dict[str, list[str]]) -> None:
         """The shared experts' activation and down projection (their gate/up ran beside the routed
@@ -165,8 +243,7 @@ class EagerLayer(LayerOps):
         T, h, act = self.T, self.m.hidden_size, self.dt.act
         outs = list(_SHARED_OUTS[: len(self.shared_in)])
         ff = T * self.shared_down.n_in * act
-        self.mem("shared_swiglu" if len(outs) == 2 else "shared_gelu", "silu_mul", ff * (len(outs) + 1),
-                 SWIGLU_FWD_KERNELS, Category.ELEMENTWISE, creates={"s_act": ff, "s_prod": ff})
+        self._mlp_act_fwd("shared_swiglu" if len(outs) == 2 else "shared_gelu", ff, len(outs), "s_act", "s_prod")
         kept["shared_down"] = self.projection_fwd(self.shared_down, "s_prod", act, "s_out")
         self.release(outs + ["s_act", "s_prod"])
         self.mem("shared_add", "add", 3 * T * h * act, 1, Category.ELEMENTWISE, frees=["s_out"])
@@ -179,8 +256,8 @@ class EagerLayer(LayerOps):
         ff = self.T * self.shared_down.n_in * self.dt.act
         self.projection_bwd(self.shared_down, grad, "g_s_prod", kept["shared_down"], free_grad=False)
         grads = {f"g_{n}": ff for n in _SHARED_OUTS[: len(self.shared_in)]}
-        self.mem("shared_swiglu.bwd", "silu_mul", ff * 5, SWIGLU_BWD_KERNELS, Category.ELEMENTWISE, creates=grads,
-                 frees=["g_s_prod", *[n for n in (*_SHARED_OUTS, "s_act", "s_prod") if n in self.t.live]])
+        self._mlp_act_bwd("shared_swiglu.bwd", ff, grads,
+                          ["g_s_prod", *[n for n in (*_SHARED_OUTS, "s_act", "s_prod") if n in self.t.live]])
         return list(grads)
 
     def _input_grads(self, projs: list[Projection], grads: list[str], kept: dict[str, list[str]],
@@ -192,7 +269,7 @@ class EagerLayer(LayerOps):
             part = f"{into}.{i}"
             self.projection_bwd(p, g, part, kept[p.name])
             if dt.autocast_casts:  # the input cast's backward: bf16 gradient to fp32
-                self.mem(f"{p.name}.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE,
+                self.mem(f"{p.name}.cast_in.bwd", self.upcast, T * h * 6, 1, Category.ELEMENTWISE,
                          creates={part + ".f32": T * h * 4}, frees=[part])
                 part += ".f32"
             parts.append(part)

@@ -29,6 +29,10 @@ FP8_QUANT_SPLIT = ((Category.ELEMENTWISE, 7 / 8), (Category.NORM_REDUCTION, 1 / 
 COMPOSITE_SPLITS = {"rmsnorm_fwd": RMSNORM_FWD_SPLIT, "rmsnorm_bwd": RMSNORM_BWD_SPLIT, "fp8_quant": FP8_QUANT_SPLIT}
 ROPE_FWD_KERNELS = 5  # per tensor: mul cos, neg, cat, mul sin, add
 ROPE_BWD_KERNELS = 5
+# HF's fp32 rotation's backward, per tensor, as the HF Llama traces show it (PyTorch 2.11): two muls,
+# each gradient cast back to q's dtype, neg, cat's backward (two zeros + two slice_backward copies)
+# and two accumulating adds
+HF_ROPE_FP32_BWD_KERNELS = 11
 SWIGLU_FWD_KERNELS = 2  # silu, mul
 SWIGLU_BWD_KERNELS = 3  # two muls, silu backward
 # model._quant of the harness: abs, amax, clamp, scale, mul, clamp, cast, reciprocal

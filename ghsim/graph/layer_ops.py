@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ghsim.graph.dtypes import Dtypes, dtyped
+from ghsim.graph.dtypes import DOWNCAST, UPCAST, Dtypes, dtyped
 from ghsim.graph.flops import attention_bwd_flops, attention_fwd_flops, window_pair_fraction
 from ghsim.graph.kernels import COMPOSITE_SPLITS, FP8_QUANT_KERNELS
 from ghsim.graph.ops import Category, Collective, Kind, Op, Phase, Resource
 from ghsim.graph.tensors import Tensors
 from ghsim.model import WINDOW_PATTERNS, ModelSpec
-from ghsim.plan import Plan, Precision
+from ghsim.plan import TORCHAO_FP8_RECIPES, Plan, Precision
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,17 @@ class LayerOps:
         self.ops: list[Op] = []
         self.phase = Phase.FWD
         self.save = True
+
+    # the measured curves of dtype casts (a compiled step's casts are Inductor's: graph/compiled_layer.py)
+    downcast = DOWNCAST
+    upcast = UPCAST
+
+    @property
+    def torchao_recipe(self) -> str:
+        """The plan's torchao float8 recipe (graph/torchao_fp8.py), "" when it runs none: eager
+        frameworks only (Megatron's fp8 is Transformer Engine's)."""
+        recipe = self.plan.fp8_recipe
+        return recipe if recipe in TORCHAO_FP8_RECIPES and self.plan.precision == Precision.FP8 and not self.fused else ""
 
     # --- attention ---------------------------------------------------------------------
     def attention_call(self, backward: bool) -> tuple[tuple[int, ...], float, str]:
@@ -258,6 +269,8 @@ class LayerOps:
         lora = self.plan.lora_rank if frozen and lora_targeted(self.plan, p.name) else 0
         keep: list[str] = []
         out_bytes = T * p.n_out * dt.act
+        if self.torchao_recipe:
+            return self.torchao_fwd(p, inp_bytes_per_el, T, out, out_bytes)
         if self.plan.precision == Precision.FP8:
             for what, numel, src in (("x", T * p.n_in, inp_bytes_per_el), ("w", p.n_in * p.n_out, dt.param)):
                 # bytes as microbench2 counts them: the source read once, the fp8 copy written once
@@ -272,12 +285,12 @@ class LayerOps:
         needs_input = not frozen or bool(lora)
         if dt.autocast_casts and inp_bytes_per_el == 4:
             # autocast casts the fp32 input once per projection; each copy is saved (if needed)
-            self.mem(f"{p.name}.cast_in", "cast_fp32_to_bf16", T * p.n_in * 6, 1, Category.ELEMENTWISE,
+            self.mem(f"{p.name}.cast_in", self.downcast, T * p.n_in * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.x16": T * p.n_in * 2})
             keep.append(f"{p.name}.x16")
         if dt.autocast_casts and not frozen:
             w = p.n_in * p.n_out * p.experts
-            self.mem(f"{p.name}.cast_w", "cast_fp32_to_bf16", w * 6, 1, Category.ELEMENTWISE,
+            self.mem(f"{p.name}.cast_w", self.downcast, w * 6, 1, Category.ELEMENTWISE,
                      creates={f"{p.name}.w16": w * 2})
             keep.append(f"{p.name}.w16")
         self.gemm(p.name, T, p.n_out, p.n_in, dt.gemm, creates={out: out_bytes})
@@ -311,7 +324,7 @@ class LayerOps:
         self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, gemm, transient=gin)
         self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, Category.ELEMENTWISE)
         adapter = lora * (p.n_in + p.n_out)
-        self.mem(f"{p.name}.lora_grad_cast", "cast_fp32_to_bf16", adapter * 6, 2, Category.ELEMENTWISE,
+        self.mem(f"{p.name}.lora_grad_cast", self.upcast, adapter * 6, 2, Category.ELEMENTWISE,
                  creates={f"grad.{p.name}": adapter * 4})
 
     def projection_bwd(self, p: Projection, grad_out: str, grad_in: str, kept: list[str],
@@ -322,6 +335,10 @@ class LayerOps:
         frozen = self.plan.lora_rank > 0
         lora = self.plan.lora_rank if frozen and lora_targeted(self.plan, p.name) else 0
         gin = T * p.n_in * dt.act
+        if self.torchao_recipe:
+            self.torchao_bwd(p, T, grad_in, gin)
+            self.ops[-1] = self.t.free(self.ops[-1], kept + ([grad_out] if free_grad else []))
+            return
         if self.plan.precision == Precision.FP8:
             g = T * p.n_out
             self.mem(f"{p.name}.fp8_quant_grad", dtyped("fp8_quant", dt.act), g * (dt.act + 1), FP8_QUANT_KERNELS + 1,
@@ -341,7 +358,7 @@ class LayerOps:
             elif dt.autocast_casts:
                 # the bf16 weight gradient flows back through the weight cast: fp32 .grad
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, transient=w * 2)
-                self.mem(f"{p.name}.wgrad_cast", "cast_fp32_to_bf16", w * 6, 1, Category.ELEMENTWISE,
+                self.mem(f"{p.name}.wgrad_cast", self.upcast, w * 6, 1, Category.ELEMENTWISE,
                          creates={f"grad.{p.name}": w * 4})
             else:
                 self.gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, dt.gemm, creates={f"grad.{p.name}": w * dt.grad})

@@ -14,6 +14,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.ops import Category, Op, Phase, Resource
 from ghsim.graph.deepspeed_optimizer import deepspeed_optimizer_ops, zero3_hooks
 from ghsim.graph.optimizer import adamw_launches, gpu_adamw
+from ghsim.graph.compiled_layer import compiled_cross_entropy_bwd, compiled_cross_entropy_fwd, compiled_final_norm_bwd
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.dtypes import dtyped as _dtyped
 from ghsim.graph.kernels import LEARNED_POSITION_FWD_KERNELS, RMSNORM_BWD_KERNELS, RMSNORM_FWD_KERNELS
@@ -91,42 +92,48 @@ def _loss_ops(model: ModelSpec, plan: Plan) -> tuple[list[Op], list[Op]]:
     dt = b.dt
     rs, act = dt.residual, dt.act
     b.t.live["x"] = T * h * rs
-    b.mem("final_norm", _dtyped("rmsnorm_fwd", rs), T * h * 2 * rs, RMSNORM_FWD_KERNELS, Category.NORM_REDUCTION,
-          creates={"fn.normed": T * h * 4, "fn.rstd": T * 4, "fn.out": T * h * rs}, transient=T * h * 4)
-    cast_in = dt.autocast_casts
+    if plan.compile:
+        b._eager_norm_fwd("final_norm", "fn", T)  # Inductor's norm (graph/compiled_layer.py)
+    else:
+        b.mem("final_norm", _dtyped("rmsnorm_fwd", rs), T * h * 2 * rs, RMSNORM_FWD_KERNELS, Category.NORM_REDUCTION,
+              creates={"fn.normed": T * h * 4, "fn.rstd": T * 4, "fn.out": T * h * rs}, transient=T * h * 4)
+    cast_in = b.norm_out_cast
     if cast_in:
-        b.mem("lm_head.cast_in", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE, creates={"fn.x16": T * h * 2},
+        b.mem("lm_head.cast_in", b.downcast, T * h * 6, 1, Category.ELEMENTWISE, creates={"fn.x16": T * h * 2},
               frees=["fn.out"])
     if dt.autocast_casts and not plan.lora_rank:
-        b.mem("lm_head.cast_w", "cast_fp32_to_bf16", V * h * 6, 1, Category.ELEMENTWISE, creates={"lm.w16": V * h * 2})
+        b.mem("lm_head.cast_w", b.downcast, V * h * 6, 1, Category.ELEMENTWISE, creates={"lm.w16": V * h * 2})
     gemm_dt = "bf16" if dt.gemm == "fp8" else dt.gemm  # the LM head stays in bf16 under fp8
     b.gemm("lm_head", T, V, h, gemm_dt, creates={"logits": T * V * act})
-    _eager_cross_entropy_fwd(b, T, V, act)
+    (compiled_cross_entropy_fwd if plan.compile else _eager_cross_entropy_fwd)(b, T, V, act)
     fwd = b.ops
     b.ops = []
     b.phase = Phase.BWD
-    _eager_cross_entropy_bwd(b, T, V, act)
+    (compiled_cross_entropy_bwd if plan.compile else _eager_cross_entropy_bwd)(b, T, V, act)
     g_logits = "g_logits"
     b.gemm("lm_head.dgrad", T, h, V, gemm_dt, creates={"g_fn": T * h * act})
     if plan.lora_rank:
         b.ops[-1] = b.t.free(b.ops[-1], [g_logits])
     elif dt.autocast_casts:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, transient=V * h * 2)
-        b.mem("lm_head.wgrad_cast", "cast_fp32_to_bf16", V * h * 6, 1, Category.ELEMENTWISE, creates={"grad.lm": V * h * 4},
+        b.mem("lm_head.wgrad_cast", b.upcast, V * h * 6, 1, Category.ELEMENTWISE, creates={"grad.lm": V * h * 4},
               frees=[g_logits, "lm.w16"])
     else:
         b.gemm("lm_head.wgrad", V, h, T, gemm_dt, creates={"grad.lm": V * h * dt.grad}, frees=[g_logits])
     g_bytes = T * h * (4 if dt.autocast_casts else rs)
     if cast_in:
-        b.mem("lm_head.cast_in.bwd", "cast_fp32_to_bf16", T * h * 6, 1, Category.ELEMENTWISE, creates={"g_fn32": T * h * 4},
+        b.mem("lm_head.cast_in.bwd", b.upcast, T * h * 6, 1, Category.ELEMENTWISE, creates={"g_fn32": T * h * 4},
               frees=["g_fn", "fn.x16"])
         g_fn = "g_fn32"
     else:
         g_fn = "g_fn"
     saved = [n for n in ("fn.normed", "fn.rstd", "fn.out", "x") if n in b.t.live]
-    b.mem("final_norm.bwd", _dtyped("rmsnorm_bwd", rs), 3 * T * h * rs, RMSNORM_BWD_KERNELS, Category.NORM_REDUCTION,
-          creates={"g": g_bytes, **({} if plan.lora_rank else {"grad.final_norm": h * dt.grad})},
-          frees=[g_fn] + saved, transient=T * h * 4)
+    grads = {"g": g_bytes, **({} if plan.lora_rank else {"grad.final_norm": h * dt.grad})}
+    if plan.compile:
+        compiled_final_norm_bwd(b, grads, [g_fn] + saved)
+    else:
+        b.mem("final_norm.bwd", _dtyped("rmsnorm_bwd", rs), 3 * T * h * rs, RMSNORM_BWD_KERNELS,
+              Category.NORM_REDUCTION, creates=grads, frees=[g_fn] + saved, transient=T * h * 4)
     return fwd, b.ops
 
 
@@ -134,7 +141,7 @@ def _eager_cross_entropy_fwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
     """logits.float() (when the logits are 16-bit), then F.cross_entropy: "logits" becomes "lsm"."""
     logits = "logits"
     if act != 4:
-        b.mem("logits.float", "cast_fp32_to_bf16", T * V * (act + 4), 1, Category.ELEMENTWISE,
+        b.mem("logits.float", b.upcast, T * V * (act + 4), 1, Category.ELEMENTWISE,
               creates={"logits32": T * V * 4}, frees=["logits"])
         logits = "logits32"
     b.mem("cross_entropy", "cross_entropy_fwd", T * V * 4, 4, Category.NORM_REDUCTION, creates={"lsm": T * V * 4},
@@ -146,7 +153,7 @@ def _eager_cross_entropy_bwd(b: LayerBuilder, T: int, V: int, act: int) -> None:
     b.mem("cross_entropy.bwd", "cross_entropy_bwd", T * V * 8, 4, Category.NORM_REDUCTION,
           creates={"g_logits32": T * V * 4}, frees=["lsm"], transient=T * V * 4)
     if act != 4:
-        b.mem("logits.float.bwd", "cast_fp32_to_bf16", T * V * (act + 4), 1, Category.ELEMENTWISE,
+        b.mem("logits.float.bwd", b.downcast, T * V * (act + 4), 1, Category.ELEMENTWISE,
               creates={"g_logits": T * V * act}, frees=["g_logits32"])
     else:
         b.t.live["g_logits"] = b.t.live.pop("g_logits32")

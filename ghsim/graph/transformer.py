@@ -2,7 +2,8 @@
 
 Two ways to run the layer, as the plan's framework says:
 - eager PyTorch, kernel group by kernel group, for a Hugging Face style Llama
-  layer (graph/eager_layer.py);
+  layer (graph/eager_layer.py), or its regions as torch.compile fuses them
+  (plan.compile: graph/compiled_layer.py);
 - fused kernels (Framework.MEGATRON: Megatron-LM, NeMo, TransformerEngine), with
   Megatron's fused kernels and saved tensors (graph/fused_layer.py).
 Both are written in the op constructors of graph/layer_ops.py; which casts a
@@ -14,12 +15,12 @@ order, so the memory model can replay the allocator's view.
 
 from __future__ import annotations
 
-from ghsim.graph.eager_layer import EagerLayer
+from ghsim.graph.compiled_layer import CompiledLayer
 from ghsim.graph.fused_layer import FusedLayer
 from ghsim.graph.ops import Phase
 
 
-class LayerBuilder(EagerLayer, FusedLayer):
+class LayerBuilder(CompiledLayer, FusedLayer):
     """Op lists of one decoder layer for one micro-batch: forward, and backward.
 
     Tensor names are local to the layer; "x" is the layer's input (made by the

@@ -250,6 +250,7 @@ def _fp8_note(plan: Plan) -> list[str]:
 
 def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
     host_note = [_host_note(setup, hw, host)] if setup.optimizer and setup.cpu_share > 0 else []
+    host_note += _kernel_notes(plan)
     if layout.gpus == 1:
         return _one_gpu_notes(plan) + _fp8_note(plan) + host_note
     notes = host_note + _fp8_note(plan) + [f"precision semantics: {plan.framework.value}",
@@ -272,6 +273,23 @@ def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: 
                           + (f", {host.link_sharers} share each host link" if host.link_sharers > 1 else ""))
         notes.append(f"offload ({setup.schedule.value}): every rank offloads {shard} of the offloaded state; "
                      f"{host_share}; host memory is per node")
+    return notes
+
+
+def _kernel_notes(plan: Plan) -> list[str]:
+    """Which kernels the eager frameworks' compile and FP8 choices priced (graph/compiled_layer.py,
+    graph/torchao_fp8.py)."""
+    notes = []
+    if plan.compile:
+        notes.append("torch.compile (Inductor) of a Hugging Face model: one kernel per fused norm, activation, "
+                     "rotary and loss region; SDPA with the causal mask HF materialises while compiling"
+                     + (", replayed as CUDA graphs (mode reduce-overhead)" if plan.cuda_graphs else ""))
+    if plan.precision.value == "fp8" and not plan.framework.fused_kernels:
+        notes.append(f"fp8: torchao float8 training, {plan.fp8_recipe} scaling, "
+                     + ("casts fused by Inductor" if plan.compile else "casts as eager PyTorch ops")
+                     + "; LM head and attention in bf16" if plan.fp8_recipe else
+                     "fp8: a per-op eager per-tensor quantisation of every projection (no --fp8-recipe; "
+                     "tensorwise or rowwise: torchao's float8 training)")
     return notes
 
 

@@ -40,7 +40,7 @@ from ghsim.graph.step import param_counts
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Plan, Precision, Recompute
+from ghsim.plan import TORCHAO_FP8_RECIPES, Plan, Precision, Recompute
 
 # Stated accuracy: on every single-GPU plan the simulator accepts, the estimate
 # lies within 10% of the replayed HBM peak; for other plans it is never above
@@ -93,7 +93,8 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
     act, rs = dt.act, dt.residual
     fp8 = plan.precision == Precision.FP8
-    casts = dt.autocast_casts and not fp8
+    casts = dt.autocast_casts and not fp8 and not plan.compile  # compiled: the norms write bf16
+    casts_in = dt.autocast_casts
     r = plan.lora_rank
     if m.moe is None:
         f, experts, Tm = m.intermediate_size, 1, T
@@ -104,29 +105,40 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     projs = [(T, h, q, 1, True), (T, h, kv, 1, True), (T, h, kv, 1, True), (T, q, h, 1, False)]
     projs += [(Tm, h, f, experts, True)] * n_mlp_in + [(Tm, f, h, experts, False)]
 
-    saved = 2 * (T * h * 4 + T * 4)  # both norms' fp32 normalised input and rstd
-    if not (dt.autocast_casts or fp8):
-        saved += 2 * T * h * rs  # the norms' outputs feed the projections directly
-    saved += T * (q + 2 * kv) * act + T * q * act  # rotated q, k; v; attention output
+    torchao = plan.fp8_recipe in TORCHAO_FP8_RECIPES and fp8 and not plan.framework.fused_kernels  # Megatron: TE
+    if plan.compile:  # Inductor (graph/compiled_layer.py): no fp32 normalised copies or silu output
+        # kept; k and v expanded to the query heads for SDPA; the norms' bf16 outputs (the lower
+        # reading: only when every projection keeps its input, and not under fp8)
+        saved = 2 * T * 4 + 3 * T * q * act + T * q * act
+        if not (r or fp8):
+            saved += 2 * T * h * act
+    else:
+        saved = 2 * (T * h * 4 + T * 4)  # both norms' fp32 normalised input and rstd
+        if not (dt.autocast_casts or fp8):
+            saved += 2 * T * h * rs  # the norms' outputs feed the projections directly
+        saved += T * (q + 2 * kv) * act + T * q * act  # rotated q, k; v; attention output
     if plan.recompute != Recompute.SELECTIVE:
         saved += plan.micro_batch * m.num_attention_heads * plan.seq * 4  # log-sum-exp
     saved += T * h * rs  # the attention residual's output
     # gate/up outputs, activation, product (with experts spread over ranks, the graph keeps one
     # fewer: the lower reading)
-    saved += (n_mlp_in + (2 if ep == 1 else 1)) * Tm * f * act
+    saved += (n_mlp_in + (2 if ep == 1 and not plan.compile else 1)) * Tm * f * act
     copies = 0.0
     for tokens, n_in, n_out, e, from_norm in projs:
         if fp8 and plan.framework.fused_kernels:
             # Transformer Engine: one fp8 copy of the input (its transpose, for the weight gradient);
             # the fp8 weights are a cache held all step (graph/states.fp8_weight_cache)
             saved += tokens * n_in
+        elif torchao:
+            # torchao keeps autocast's bf16 input (eager; compiled: an fp8 copy, the lower reading: none)
+            saved += tokens * n_in * 2 if casts_in and from_norm and not plan.compile else 0.0
         elif fp8:
             # fp8 input and weight kept for backward (the simulator quantises one expert's weight)
             saved += tokens * n_in + n_in * n_out
-        elif casts:
-            if from_norm:
+        else:
+            if casts and from_norm:
                 saved += tokens * n_in * 2  # autocast's bf16 copy of the fp32 input
-            if not r:
+            if dt.autocast_casts and not fp8 and not r:
                 copies += n_in * n_out * e * 2  # autocast's cached bf16 weight
         if r:
             saved += tokens * r * act  # LoRA's down-projected input
@@ -205,8 +217,12 @@ def _activations(m: ModelSpec, plan: Plan, dt: Dtypes, layers: float) -> Activat
     fn = T * h * (4 + dt.residual) if not (dt.autocast_casts or fp8) else T * h * (4 + 2)
     lm_copy = V * h * 2 if dt.autocast_casts and not plan.lora_rank else 0.0
     # fp32 logits and their log-softmax or gradient: two T x V fp32 tensors at once (the
-    # one-GPU replay can hold a third for a moment: the lower reading)
-    loss = (fn + x + 8 * T * V) / tp + lm_copy / tp
+    # one-GPU replay can hold a third for a moment: the lower reading); compiled, the 16-bit
+    # logits and their gradient
+    logits = 2 * T * V * dt.act if plan.compile else 8 * T * V
+    if plan.compile:
+        fn = T * h * dt.act
+    loss = (fn + x + logits) / tp + lm_copy / tp
     # save_on_cpu offloads every saved tensor, autocast's weight copies included
     held_copies = 0.0 if offload_acts else copies * layers / tp
     # (one micro-batch's worth: pipelines may prefetch the others back)

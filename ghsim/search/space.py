@@ -24,7 +24,7 @@ from ghsim.errors import GhsimError
 from ghsim.hardware import Hardware
 from ghsim.model import ModelSpec
 from ghsim.graph.offload.setup import library_refusal
-from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute
+from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute, compile_refusal
 
 # Offload sets, canonical: moving gradients or parameters to the host implies the
 # optimizer goes with them (ZeRO-Offload, FSDP CPUOffload), so "grads" always
@@ -54,7 +54,8 @@ SEARCHED = ("precision", "recompute", "zero", "offload", "offload_ratio", "offlo
             "unified_memory", "tp", "pp", "ep", "sequence_parallel", "pp_interleave", "micro_batch", "cuda_graphs")
 LAYOUT = ("tp", "pp", "ep")  # the parallel split: a search space holds them together, as splits
 GIVEN = ("gpus", "gpus_per_node", "seq", "global_batch", "lora_rank", "dataloader_workers", "batch_prep_s",
-         "offload_pinned", "framework", "optimizer_impl", "lora_targets", "fused_norm", "fp8_recipe", "fp8_params",
+         "offload_pinned", "framework", "optimizer_impl", "lora_targets", "fused_norm", "rope_cast", "compile",
+         "fp8_recipe", "fp8_params",
          # the host's CPU optimizer as the user's library runs it: facts, not choices
          "cpu_optimizer", "cpu_threads", "cpu_cores_share", "grad_clip")
 
@@ -208,7 +209,8 @@ def groups(space: SearchSpace, base: Plan) -> Iterator[Group]:
                                                   offload_ratio=ratio, tp=tp, pp=pp, ep=ep, optimizer_impl=impl,
                                                   sequence_parallel=sp, pp_interleave=v, offload_schedule=schedule)
                         plan = replace(base, **kw)
-                        if library_refusal(plan):
+                        if library_refusal(plan) or compile_refusal(plan) or (
+                                plan.fp8_recipe and plan.precision != Precision.FP8):  # a recipe pins fp8
                             continue  # a plan its library would not run (the commands refuse it when pinned)
                         # unified memory is searched as the alternative to explicit offload
                         um = space.unified_memory if not offload else _keep(space.unified_memory, lambda u: not u)

@@ -1,0 +1,102 @@
+"""The projections of an eager-framework plan under `--precision fp8 --fp8-recipe tensorwise|rowwise`:
+FP8 training as torchao runs it (convert_to_float8_training: every decoder-layer nn.Linear becomes a
+Float8Linear; the LM head and attention stay bf16, as torchtitan filters them).
+
+Float8Linear scales dynamically (torchao/float8/float8_linear.py, matmul_with_hp_or_float8_args):
+- forward: the input (autocast's bf16 copy of it) and the fp32 master weight are each cast to e4m3 with
+  a scale from their own amax (per tensor, or per row / column for rowwise), then one torch._scaled_mm;
+  the high-precision input is what autograd keeps;
+- backward: the output gradient is cast twice (one layout per GEMM), the weight cast again for the input
+  gradient and the saved input for the weight gradient, plus the layout copies cuBLAS needs; the weight
+  gradient comes back in bf16 and autocast casts it to the fp32 .grad.
+Eager, each cast is a chain of PyTorch ops (abs, amax, scale, clamp, cast: 8-10 kernels, measured); under
+torch.compile (plan.compile) Inductor fuses each into 1 (rowwise) or 3 (tensorwise) kernels, writes both
+layouts at once, folds the layout copies in, saves the fp8 input instead of the bf16 one, and casts a
+shared input (q, k and v's; gate and up's) once. Eager casts are priced at their measured rates
+(cost/fp8.py), compiled ones as Inductor's other regions; GEMMs at the fp8 rate (rowwise at its
+measured factor).
+
+Without a recipe `--precision fp8` keeps its earlier meaning (graph/layer_ops.py): the per-op eager
+quantisation of our own harness (validation/harness/model.py), which validation/cases measured.
+"""
+
+from __future__ import annotations
+
+from ghsim.graph.dtypes import inductor
+from ghsim.graph.layer_ops import LayerOps, Projection
+from ghsim.graph.ops import Category
+
+ROWWISE = "rowwise"  # GEMM variant: a rowwise-scaled torch._scaled_mm
+CAST = "fp8cast:"  # op variant of an eager dynamic cast: fp8cast:<recipe>:<bf16|fp32>
+# Kernels per dynamic cast (validation/microbench/issue15 "cast"): eager, by source width (amax,
+# scale and cast as PyTorch ops: 10 from bf16, 8 from fp32); compiled, by recipe (both layouts at once)
+EAGER_CAST_KERNELS = {2: 10, 4: 8}
+COMPILED_CAST_KERNELS = {"tensorwise": 3, ROWWISE: 1}
+# eager only: the reciprocal of each scale before every torch._scaled_mm (2), and the layout copies
+# (aten::contiguous) of a linear's backward operands (5 per linear in the 3B trace:
+# validation/measured_libraries/h100-ao-tensorwise-eager-llama3b-mb1-s2048)
+SCALE_RECIPROCALS = 2
+LAYOUT_COPIES = 5
+
+
+def cast_variant(recipe: str, src_width: int) -> str:
+    return f"{CAST}{recipe}:{'fp32' if src_width == 4 else 'bf16'}"
+
+
+class TorchaoFp8Projections(LayerOps):
+    """Projection forward and backward under torchao's float8 recipes (module docstring)."""
+
+    def _fp8_cast(self, name: str, numel: float, src_width: int, outputs: int = 1, creates=None) -> None:
+        """One dynamic cast of `numel` elements: the source read, `outputs` fp8 copies written."""
+        recipe, compiled = self.torchao_recipe, self.plan.compile
+        kernels = COMPILED_CAST_KERNELS[recipe] if compiled else EAGER_CAST_KERNELS[src_width] * outputs
+        # compiled: Inductor's kernels stream like its other regions (the compiled casts' measured times
+        # are dominated by the wrapper's host time: cost/inductor.py)
+        variant = inductor("fp8_cast") if compiled else cast_variant(recipe, src_width)
+        self.mem(name, variant, numel * (src_width + outputs), kernels,
+                 Category.ELEMENTWISE, creates=creates, transient=numel * outputs if creates is None else 0.0)
+
+    def _fp8_gemm(self, name: str, m: int, n: int, k: int, creates=None, transient: float = 0.0) -> None:
+        self.gemm(name, m, n, k, "fp8", creates=creates, transient=transient)
+        op = self.ops[-1]
+        kernels = 1 if self.plan.compile else 1 + SCALE_RECIPROCALS
+        self.ops[-1] = op._replace(variant=ROWWISE if self.torchao_recipe == ROWWISE else "", kernels=kernels)
+
+    def _shares_input(self, p: Projection) -> bool:
+        """Whether `p` reads the same input as a projection before it (k and v after q, up after gate)."""
+        return p in self.attn_in[1:] or p in self.mlp_in[1:]
+
+    def torchao_fwd(self, p: Projection, inp_bytes_per_el: int, T: int, out: str, out_bytes: float) -> list[str]:
+        dt, keep = self.dt, []
+        x = T * p.n_in
+        if dt.autocast_casts and inp_bytes_per_el == 4 and not self.plan.compile:
+            # Float8Linear casts an fp32 input to autocast's dtype first; that bf16 copy is what it saves
+            self.mem(f"{p.name}.cast_in", self.downcast, x * 6, 1, Category.ELEMENTWISE, creates={f"{p.name}.x16": x * 2})
+            keep.append(f"{p.name}.x16")
+        if not self.plan.compile:
+            self._fp8_cast(f"{p.name}.fp8_cast_x", x, dt.act)
+        elif not self._shares_input(p):  # Inductor casts a shared input once and saves the fp8 copy
+            self._fp8_cast(f"{p.name}.fp8_cast_x", x, dt.act, creates={f"{p.name}.x8": x})
+            keep.append(f"{p.name}.x8")
+        w = p.n_in * p.n_out * p.experts
+        self._fp8_cast(f"{p.name}.fp8_cast_w", w, dt.param)
+        self._fp8_gemm(p.name, T, p.n_out, p.n_in, creates={out: out_bytes})
+        return keep
+
+    def torchao_bwd(self, p: Projection, T: int, grad_in: str, gin: float) -> None:
+        """Casts, input-gradient and weight-gradient GEMMs of one projection (the caller frees what its
+        forward kept)."""
+        dt, compiled = self.dt, self.plan.compile
+        g, w = T * p.n_out, p.n_in * p.n_out * p.experts
+        self._fp8_cast(f"{p.name}.fp8_cast_grad", g, dt.act, outputs=2)  # one layout per GEMM
+        self._fp8_cast(f"{p.name}.fp8_cast_w.bwd", w, dt.param)
+        if not compiled:
+            self._fp8_cast(f"{p.name}.fp8_cast_x.bwd", T * p.n_in, dt.act)
+            moved = g + T * p.n_in + w  # the fp8 operands' transposed copies
+            self.mem(f"{p.name}.fp8_layouts", "fp8_transpose", 2 * moved, LAYOUT_COPIES, Category.ELEMENTWISE,
+                     transient=moved)
+        self._fp8_gemm(f"{p.name}.dgrad", T, p.n_in, p.n_out, creates={grad_in: gin})
+        if self.plan.lora_rank:
+            return
+        self._fp8_gemm(f"{p.name}.wgrad", p.n_out, p.n_in, T, transient=w * 2)
+        self.mem(f"{p.name}.wgrad_cast", self.upcast, w * 6, 1, Category.ELEMENTWISE, creates={f"grad.{p.name}": w * 4})

@@ -1,0 +1,53 @@
+"""torch.compile (plan.compile, --compile) as Inductor runs a Hugging Face Llama (issue 15): fused
+regions, fewer kernels and saved activations, the boolean-mask SDPA, and the plans it is refused for."""
+
+import pytest
+from click.testing import CliRunner
+
+from ghsim.cli import main
+from ghsim.errors import GhsimError
+from ghsim.hardware import load_hardware
+from ghsim.model import load_model
+from ghsim.plan import Framework, Plan
+from ghsim.simulate import simulate
+
+MODEL, H100 = load_model("llama-2-7b"), load_hardware("h100-sxm")
+PLAN = Plan(seq=1024)
+
+
+def _kernels(report) -> int:
+    return sum(op.kernels for op in report.timeline.ops if op.resource == "gpu")
+
+
+@pytest.mark.parametrize("plan", [PLAN, PLAN.with_(lora_rank=16, lora_targets=("q_proj", "v_proj")),
+                                  PLAN.with_(framework=Framework.FSDP_MIXED)])
+def test_compiled_step_is_faster_with_fewer_kernels_and_less_memory(plan):
+    eager, compiled = simulate(MODEL, H100, plan), simulate(MODEL, H100, plan.with_(compile=True))
+    assert compiled.step_time_s < eager.step_time_s
+    assert _kernels(compiled) < 0.75 * _kernels(eager)
+    assert compiled.hbm.peak_bytes <= eager.hbm.peak_bytes  # full fine-tuning: the optimizer step may set both
+    if plan.lora_rank:  # activations set the peak: no fp32 norm copies, per-projection casts or fp32 logits kept
+        assert compiled.hbm.peak_bytes < 0.9 * eager.hbm.peak_bytes
+    assert compiled.plan["compile"] is True
+
+
+def test_compiled_attention_pays_for_the_mask_hf_passes():
+    eager, compiled = simulate(MODEL, H100, PLAN), simulate(MODEL, H100, PLAN.with_(compile=True))
+    attention = lambda r: r.time_breakdown_s["attention"]
+    assert attention(compiled) > 1.5 * attention(eager)
+
+
+@pytest.mark.parametrize("plan", [PLAN.with_(compile=True, framework=Framework.MEGATRON),
+                                  PLAN.with_(compile=True, gpus=2, tp=2)])
+def test_plans_compile_is_not_modeled_for_are_refused(plan):
+    with pytest.raises(GhsimError, match="--compile"):
+        simulate(MODEL, H100, plan)
+
+
+def test_the_flag_reaches_the_plan_and_its_refusal_is_one_line():
+    runner = CliRunner()
+    ok = runner.invoke(main, ["simulate", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--seq", "1024",
+                              "--compile", "--json"])
+    assert ok.exit_code == 0 and '"compile": true' in ok.output
+    refused = runner.invoke(main, ["simulate", "--model", "llama-2-7b", "--compile", "--framework", "megatron"])
+    assert refused.exit_code == 2 and "--compile" in refused.output and "Traceback" not in refused.output

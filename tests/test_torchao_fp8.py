@@ -1,0 +1,59 @@
+"""FP8 training as torchao runs it in eager frameworks (--fp8-recipe tensorwise|rowwise, issue 15):
+eager casts are chains of PyTorch ops and make FP8 slower than bf16; compiled, they fuse and FP8
+GEMMs pay off on large layers; plans the recipes do not apply to are refused in one line."""
+
+import pytest
+from click.testing import CliRunner
+
+from ghsim.cli import main
+from ghsim.errors import GhsimError
+from ghsim.hardware import load_hardware
+from ghsim.model import load_model
+from ghsim.plan import Framework, Plan, Precision
+from ghsim.simulate import simulate
+
+MODEL, H100 = load_model("llama-3-8b"), load_hardware("h100-sxm")
+BF16 = Plan(seq=4096)
+FP8 = BF16.with_(precision=Precision.FP8, fp8_recipe="tensorwise")
+
+
+def _step(plan):
+    return simulate(MODEL, H100, plan).step_time_s
+
+
+def test_eager_float8_is_slower_than_bf16_and_compiled_float8_faster():
+    assert _step(FP8) > _step(BF16)
+    assert _step(FP8.with_(compile=True)) < _step(BF16.with_(compile=True))
+
+
+def test_eager_casts_launch_many_kernels_and_compiled_ones_few():
+    def cast_kernels(plan):
+        return sum(op.kernels for op in simulate(MODEL, H100, plan).timeline.ops if "fp8_cast" in op.name)
+    eager, compiled = cast_kernels(FP8), cast_kernels(FP8.with_(compile=True))
+    assert eager > 2.5 * compiled > 0
+    rowwise = cast_kernels(FP8.with_(compile=True, fp8_recipe="rowwise"))
+    assert rowwise < compiled  # one Inductor kernel per rowwise cast, three per tensorwise
+
+
+def test_lm_head_and_attention_stay_bf16():
+    ops = simulate(MODEL, H100, FP8).timeline.ops
+    assert {op.dtype for op in ops if op.name.startswith("lm_head")} <= {"bf16", ""}
+    assert all(op.dtype == "bf16" for op in ops if op.category == "attention")
+    assert any(op.dtype == "fp8" for op in ops if op.name == "q_proj")
+
+
+@pytest.mark.parametrize("plan, words", [
+    (BF16.with_(fp8_recipe="tensorwise"), "needs --precision fp8"),
+    (FP8.with_(fp8_recipe="delayed"), "--framework megatron"),
+    (FP8.with_(fp8_recipe="rowwise", framework=Framework.MEGATRON), "torchao"),
+])
+def test_recipes_that_do_not_apply_are_refused(plan, words):
+    with pytest.raises(GhsimError, match=words):
+        simulate(MODEL, H100, plan)
+
+
+@pytest.mark.parametrize("command", [["simulate", "--precision", "fp8"], ["plan", "--gpus", "1", "--time-limit", "1"]])
+def test_fp8_on_a100_is_refused_with_exit_2(command):
+    r = CliRunner().invoke(main, [*command, "--model", "llama-3-8b", "--hardware", "a100-sxm-80gb",
+                                  "--fp8-recipe", "tensorwise"])
+    assert r.exit_code == 2 and "FP8" in r.output and "Traceback" not in r.output
