@@ -89,7 +89,8 @@ def test_fp8_lora_runs_as_nemo_does_and_is_refused_elsewhere():
 @pytest.mark.parametrize("args, words", [
     (["--precision", "bf16", "--fp8-recipe", "delayed", "--framework", "megatron"], "needs --precision fp8"),
     (["--precision", "fp8", "--fp8-recipe", "delayed"], "Transformer Engine"),
-    (["--precision", "fp8", "--fp8-recipe", "rowwise", "--framework", "megatron"], "Invalid value"),
+    (["--precision", "fp8", "--fp8-recipe", "rowwise", "--framework", "megatron"], "torchao"),
+    (["--precision", "fp8", "--fp8-recipe", "mxfp8"], "Invalid value"),
 ])
 def test_recipe_misuse_is_one_line_exit_2(args, words):
     res = CliRunner().invoke(main, ["simulate", "--model", "llama-3-8b", "--hardware", "h100-sxm", *args])
