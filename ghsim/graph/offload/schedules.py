@@ -161,12 +161,17 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
         params = src.params / setup.shard
         at, mb, layer = src.after, src.mb, src.layer
         deps: list = [at]
+        lane = src.stream if setup.grads_on_compute_stream else _D2H
+        if setup.grad_round_trip:  # through the pinned 16-bit buffer and back, on the copies' stream
+            for name, kind in (("grads.to_pinned16", K.D2H), ("grads.from_pinned16", K.H2D)):
+                hop = _shared(alike, (name, params, lane), lambda: copy_op(
+                    name, kind, params * 2, BWD, setup, lane).evolve(pinned=True))
+                deps = [rw.insert_after(at, new(hop, deps, layer, mb))]
         if widths.grad_gpu_cast:
             cast = _shared(alike, ("grads.cast_fp32", params, src.stream),
                            lambda: gpu_cast("grads.cast_fp32", params, BWD, src.stream))
             deps = [rw.insert_after(at, new(cast, deps, layer, mb))]
         nbytes = params * widths.grad
-        lane = src.stream if setup.grads_on_compute_stream else _D2H
         d2h = _shared(alike, ("grads.d2h", nbytes, lane), lambda: copy_op(
             "grads.d2h", K.D2H, nbytes, BWD, setup, lane, _bucket_count(nbytes, setup, widths.bucket_d2h),
             duplex_bwd))

@@ -47,6 +47,11 @@ class OffloadSetup:
     # self.clip_grad"), and _step_with_clipping steps sub-group by sub-group after backward
     speculative: bool = False
     grad_clip: bool = False
+    # DeepSpeed 0.19 ZeRO-3 with offload_optimizer (stage3.py partition_grads): each 16-bit gradient
+    # partition is copied into the pinned 16-bit flat buffer and straight back to the GPU
+    # (grad_buffer.to(device)) before its fp32 copy leaves; its traces: 6.4 GB each way for 3.2e9
+    # parameters on the reduction stream
+    grad_round_trip: bool = False
 
     @property
     def any(self) -> bool:
@@ -98,6 +103,8 @@ def resolve(plan: Plan) -> OffloadSetup:
         or clipped_superoffload,
         speculative=schedule == OffloadSchedule.SUPEROFFLOAD and not plan.grad_clip,
         grad_clip=plan.grad_clip,
+        grad_round_trip=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
+        and schedule != OffloadSchedule.SYNC,
     )
 
 
