@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
-from ghsim.cost.library_overheads import sdpa_fallback_rate, zero3_hook_seconds
+from ghsim.cost.library_overheads import blocking_cast_seconds_per_param, sdpa_fallback_rate, zero3_hook_seconds
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
 from ghsim.graph.flops import gemm_flops
-from ghsim.graph.offload.ops import SINGLE_THREAD
+from ghsim.graph.offload.ops import BLOCKING_CAST, SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Op, Phase, Resource
 from ghsim.graph.optimizer import FOREACH_ADAMW_CALLS, FUSED_ADAMW_CALLS, GpuAdam
@@ -151,10 +151,13 @@ class CostModel:
 
     # --- host side ------------------------------------------------------------
     def host_work_time(self, op: Op) -> float:
-        """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module."""
+        """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module; torch's
+        host cast ahead of a blocking copy up at the measured cost per parameter."""
         if op.variant == ZERO3_HOOKS:
             fwd_s, bwd_s = zero3_hook_seconds()
             return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
+        if op.variant == BLOCKING_CAST:
+            return op.params * blocking_cast_seconds_per_param()
         return op.seconds
 
     def cpu_optimizer_time(self, params: float, impl: str) -> float:

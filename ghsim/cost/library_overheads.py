@@ -23,3 +23,9 @@ def sdpa_fallback_rate() -> float:
 def zero3_hook_seconds() -> tuple[float, float]:
     """DeepSpeed ZeRO-3's host seconds per module with parameters: (forward, backward)."""
     return _figure("deepspeed_zero3", "hook_fwd_s"), _figure("deepspeed_zero3", "hook_bwd_s")
+
+
+def blocking_cast_seconds_per_param() -> float:
+    """Host seconds per parameter torch spends casting fp32 host memory to 16 bits into a fresh
+    pageable tensor before a blocking copy up (the cast, not the copy)."""
+    return _figure("torch_copy", "blocking_cast_s_per_param")

@@ -48,9 +48,10 @@ def transfer_widths(cost: CostModel, setup: OffloadSetup, grad_width: float, gpu
         g_gpu = gw == 2
     if setup.pageable_param_return:
         # DeepSpeed 0.19 stage 3: gradients widened on the GPU and copied down in fp32; each updated
-        # fp32 partition copied up as fp32 and narrowed on the GPU (its trace: 1.8 s of pageable
-        # copies for a 3.2e9-parameter model = 12.8 GB at the pageable rate)
-        g_gpu, p_gpu = gw == 2, pw == 2
+        # fp32 sub-group copied into the 16-bit GPU partition by a blocking copy_, which casts on the
+        # CPU and copies 16 bits up from pageable memory (its traces: aten::to on the training
+        # thread, then 6.4 GB Pageable -> Device for 3.2e9 parameters)
+        g_gpu = gw == 2
     if setup.speculative:
         gpu_cast_s = price(gpu_cast("probe", probe, Phase.BWD)) / probe
         cpu_cast_s = price(cpu_bytes("probe", probe * 6, Phase.BWD, False)) / probe

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ghsim.graph import ops as K
-from ghsim.graph.offload.ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
+from ghsim.graph.offload.ops import _gpu_adam, _marker, blocking_cast, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload.rewrite import BWD, FWD, New
 from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
 from ghsim.graph.ops import Op, OpGraph, Phase, Resource
@@ -207,8 +207,10 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
         adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread))
         chain = [new(adam, deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
-            cast = _shared(alike, ("params.cast_bf16.cpu", params),
-                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, main_thread))
+            # before DeepSpeed stage 3's blocking copy up, torch casts on the training thread
+            cast = _shared(alike, ("params.cast_bf16.cpu", params), lambda: blocking_cast(
+                "params.cast_bf16.cpu", params, OPT) if setup.pageable_param_return else cpu_bytes(
+                "params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
         if returns:
