@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ghsim.cost.library_overheads import superoffload_worker_pace
+from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.ops import Kind
 from ghsim.cost.cpu_optimizer import (
     ADAMW_STREAM_BYTES,
@@ -61,6 +63,9 @@ class HostSide:
     node_gpus: int = 1  # GPUs of the plan on one node (they share an x86 host's CPU and memory)
     optimizer_threads: int = 0  # threads one GPU's CPU optimizer runs on; 0: all of its cores
     main_threads: int = 0  # threads the training process's own host work (casts, sums) runs on
+    # SuperOffload: the CPU AdamW runs in DeepSpeed's spawned worker process, handed each sub-group
+    # through a queue (cost/library_overheads.py prices the hand-off and the worker's pace)
+    worker_process: bool = False
 
     @staticmethod
     def of(hw: "Hardware", plan: "Plan | None" = None, cal: "Calibration | None" = None) -> "HostSide":
@@ -73,7 +78,7 @@ class HostSide:
         if plan is None:
             return side
         opt, main = optimizer_threads(plan, side.cores_per_gpu, node)
-        return HostSide(hw, sharers, node, opt, main)
+        return HostSide(hw, sharers, node, opt, main, plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD)
 
     # --- the link ---------------------------------------------------------------
     def host_memory_rate(self) -> float:
@@ -126,10 +131,14 @@ class HostSide:
     def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED) -> float:
         """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets."""
         threads = self.optimizer_threads or self.cores_per_gpu
-        return cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads))
+        rate = cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads))
+        return rate * superoffload_worker_pace()[0] if self.worker_process else rate
 
     def cpu_optimizer_time(self, params: float, impl: str = CpuOptimizer.DEEPSPEED) -> float:
-        return params / self.cpu_adamw_rate(impl) if params > 0 else 0.0
+        if params <= 0:
+            return 0.0
+        handoff = superoffload_worker_pace()[1] * params / SUB_GROUP_PARAMS if self.worker_process else 0.0
+        return params / self.cpu_adamw_rate(impl) + handoff
 
     def cpu_stream_rate(self) -> float:
         """Bytes/s the training process's own host work (a cast, an accumulation) streams."""
@@ -168,8 +177,10 @@ def optimizer_threads(plan: "Plan", cores_per_gpu: int, node_gpus: int) -> tuple
     """
     impl = resolve_cpu_optimizer(plan)
     if plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD:
-        worker = max(1, int((plan.cpu_cores_share or SUPEROFFLOAD_CPU_ADAM_CORES) * cores_per_gpu))
-        opt, main = worker, max(1, cores_per_gpu - worker)
+        # superoffload_utils.py _set_cpu_affinity: the training process keeps the first
+        # int((1 - perc) x cores), the worker the rest (an empty list leaves the process all cores)
+        main = int((1 - (plan.cpu_cores_share or SUPEROFFLOAD_CPU_ADAM_CORES)) * cores_per_gpu)
+        opt, main = max(1, cores_per_gpu - main), main or cores_per_gpu
     elif impl != CpuOptimizer.DEEPSPEED and node_gpus > 1:
         opt = main = 1
     else:
