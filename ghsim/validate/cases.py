@@ -189,7 +189,7 @@ def run_case(case: Case, with_trace: bool = True) -> CaseResult:
     except GhsimError as e:
         return CaseResult(case, "skipped", str(e), measured)
     predicted = {"step_time_s": report.step_time_s, "peak_memory_bytes": report.hbm.peak_bytes,
-                 "gpu_utilization": report.gpu_utilization}
+                 "gpu_utilization": report.gpu_utilization, "host_peak_bytes": report.host.peak_bytes}
     errors = {"step_time_rel": report.step_time_s / measured["step_time_s"] - 1,
               "peak_memory_rel": report.hbm.peak_bytes / measured["peak_memory_bytes"] - 1}
     if with_trace and case.trace is not None:
