@@ -160,8 +160,8 @@ class CostModel:
             return op.params * blocking_cast_seconds_per_param()
         return op.seconds
 
-    def cpu_optimizer_time(self, params: float, impl: str) -> float:
-        return self.host.cpu_optimizer_time(params, impl)
+    def cpu_optimizer_time(self, params: float, impl: str, tensors: tuple[float, ...] = ()) -> float:
+        return self.host.cpu_optimizer_time(params, impl, tensors)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply)."""
@@ -231,7 +231,7 @@ _PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
     Kind.ATTN_BWD: lambda cm, op: cm.attention_time(op.flops, op.shape, backward=True, dtype=op.dtype),
     Kind.MEMBOUND: lambda cm, op: cm.membound_time(op.bytes, op.variant),
     Kind.OPT_GPU: lambda cm, op: cm.optimizer_gpu_time(op.params, op.variant),
-    Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant),
+    Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant, op.shape),
     Kind.H2D: _copy,
     Kind.D2H: _copy,
     Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes, op.variant == SINGLE_THREAD),

@@ -128,17 +128,19 @@ class HostSide:
         share = self.hw.cpu.adamw_params_per_s * ADAMW_STREAM_BYTES / self.cpu_sharers
         return min(share, max(1, threads) * per_thread_bandwidth())
 
-    def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED) -> float:
-        """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets."""
+    def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED, tensors: tuple[float, ...] = ()) -> float:
+        """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets, over tensors of the
+        given sizes ((elements, count) pairs, flattened; cost/cpu_optimizer.py)."""
         threads = self.optimizer_threads or self.cores_per_gpu
-        rate = cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads))
+        rate = cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads), tensors)
         return rate * superoffload_worker_pace()[0] if self.worker_process else rate
 
-    def cpu_optimizer_time(self, params: float, impl: str = CpuOptimizer.DEEPSPEED) -> float:
+    def cpu_optimizer_time(self, params: float, impl: str = CpuOptimizer.DEEPSPEED,
+                           tensors: tuple[float, ...] = ()) -> float:
         if params <= 0:
             return 0.0
         handoff = superoffload_worker_pace()[1] * params / SUB_GROUP_PARAMS if self.worker_process else 0.0
-        return params / self.cpu_adamw_rate(impl) + handoff
+        return params / self.cpu_adamw_rate(impl, tensors) + handoff
 
     def cpu_stream_rate(self) -> float:
         """Bytes/s the training process's own host work (a cast, an accumulation) streams."""

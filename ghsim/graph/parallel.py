@@ -44,6 +44,7 @@ from ghsim.graph.step import (
     input_ops,
     layer_templates,
     param_counts,
+    trainable_tensor_sizes,
 )
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import LayerSplit
@@ -542,7 +543,8 @@ class _MicrobatchBuilder:
             facts = StepFacts(trainable=cp.trainable,
                               n_tensors=n_tensors,
                               saved_per_layer=offload_saved_bytes(plan, self.t.saved_per_layer, self.x_bytes),
-                              gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
+                              gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad,
+                              tensor_elements=trainable_tensor_sizes(local, plan, plan.tp * (dp if zero >= 1 else 1)))
             hooks = RankHooks(tuple(self.sources) if final or self.per_microbatch else (), self.gathered, final,
                               bool(self.loss_bwd))
             g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)

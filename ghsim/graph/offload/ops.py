@@ -45,9 +45,11 @@ def blocking_cast(name: str, params: float, phase: str) -> Op:
               host_waits=True, variant=BLOCKING_CAST)
 
 
-def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
+def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool, tensors: tuple[int, ...] = ()) -> Op:
+    """The CPU's AdamW over `params`; `tensors`: the model's tensor sizes it is priced over
+    ((elements, count) pairs, flattened: StepFacts.tensor_elements)."""
     return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource=_CPU, params=params, phase=_OPT,
-              variant=setup.cpu_impl, kernels=0, host_waits=host_waits)
+              variant=setup.cpu_impl, kernels=0, host_waits=host_waits, shape=tensors)
 
 
 def _marker(name: str, phase: str) -> Op:

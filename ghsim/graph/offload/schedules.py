@@ -126,7 +126,7 @@ def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_widt
         tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
         kept = [s.after for s in sources if s.mb == last_mb and s.key not in on_cpu]
         rw.append(new(_gpu_adam(gpu_params, tensors, plan), kept))
-    _host_steps(rw, arrivals, setup, new, widths, duplex_bwd, last_mb, alike)
+    _host_steps(rw, arrivals, setup, new, widths, duplex_bwd, last_mb, alike, facts.tensor_elements)
 
 
 def _cpu_pieces(sources: list[GradSource], target: float) -> tuple[set, float]:
@@ -191,10 +191,12 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
     return arrivals
 
 
-def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: int, alike: dict[tuple, Op]) -> None:
-    """The CPU's AdamW on each piece that arrived, its cast, and the updated parameters back."""
+def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: int, alike: dict[tuple, Op],
+                tensors: tuple[int, ...]) -> None:
+    """The CPU's AdamW on each piece that arrived (priced over the model's `tensors`), its cast, and
+    the updated parameters back."""
     if setup.serial_grad_copies:
-        _zero_offload_step(rw, arrivals, setup, new, widths, last_mb, alike)
+        _zero_offload_step(rw, arrivals, setup, new, widths, last_mb, alike, tensors)
         return
     superoffload = setup.speculative
     main_thread = setup.schedule != OffloadSchedule.SUPEROFFLOAD  # else its CPU-Adam runs in a worker process
@@ -204,7 +206,7 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread))
+        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread, tensors))
         chain = [new(adam, deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
             # before DeepSpeed stage 3's blocking copy up, torch casts on the training thread
@@ -274,7 +276,8 @@ def _host_clip(rw, arrivals, setup, new, last_mb: int, alike: dict[tuple, Op]):
     return _in_turn(rw, arrivals, [a for a, _, _ in arrivals], passes, new, last_mb, alike)
 
 
-def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op]) -> None:
+def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op],
+                       tensors: tuple[int, ...]) -> None:
     """DeepSpeed 0.19's ZeRO-Offload step at stage 1/2 (stage_1_and_2.py, one parameter group),
     as its profiler trace shows it (validation/measured_libraries): once every fp32 gradient is
     on the host, the training thread reads them for the global norm, scales them in place when
@@ -283,7 +286,7 @@ def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, a
     passes = [("grads.norm.cpu", lambda p: cpu_bytes("grads.norm.cpu", p * 4, OPT, True))]
     if setup.grad_clip:
         passes.append(("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
-    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True)))
+    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True, tensors)))
     if widths.param_cpu_cast:
         passes.append(("params.cast_bf16.cpu", lambda p: cpu_bytes("params.cast_bf16.cpu", p * 6, OPT, True)))
     if not setup.params:
@@ -325,7 +328,7 @@ def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, p
         ready = [rw.append(new(cast, ready))]
     d2h_op = copy_op("grads.d2h", K.D2H, cpu_params * 4, OPT, setup, _GPU, tensors)
     d2h = rw.append(new(d2h_op.evolve(host_waits=True), ready))
-    adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
+    adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True, facts.tensor_elements), [d2h]))
     h2d_op = copy_op("params.h2d", K.H2D, cpu_params * 4, OPT, setup, _GPU, tensors)
     last = rw.append(new(h2d_op.evolve(host_waits=facts.gpu_param_width == 4), [adam]))
     if facts.gpu_param_width < 4:

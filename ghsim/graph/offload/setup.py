@@ -141,6 +141,7 @@ class StepFacts:
     gpu_param_width: int  # bytes per parameter the GPU computes with (fp32 under torch-amp)
     layer_params: float  # parameters of one decoder layer (all, trainable or not)
     grad_width: float = 0.0  # bytes per gradient element; 0: from the graph's gradient allocations
+    tensor_elements: tuple[int, ...] = ()  # the trainable tensors' sizes, (elements, count) pairs flattened
 
 
 @dataclass(frozen=True)
