@@ -46,6 +46,11 @@ def transfer_widths(cost: CostModel, setup: OffloadSetup, grad_width: float, gpu
     g_gpu = p_gpu = False  # ZeRO-Offload: casts on the CPU
     if setup.serial_grad_copies:  # DeepSpeed 0.19 stage 1/2: copy_() into the fp32 pinned buffer casts on the GPU
         g_gpu = gw == 2
+    if setup.grad_round_trip:
+        # DeepSpeed 0.19 stage 3, with or without offload_param: each gradient partition is widened
+        # on the GPU and copied into the fp32 host gradient (stage3.py _offload_grad_partition_at_
+        # boundary; its traces: 12.85 GB fp32 Device -> Pinned for 3.2e9 parameters)
+        g_gpu = gw == 2
     if setup.pageable_param_return:
         # DeepSpeed 0.19 stage 3: gradients widened on the GPU and copied down in fp32; each updated
         # fp32 sub-group copied into the 16-bit GPU partition by a blocking copy_, which casts on the
