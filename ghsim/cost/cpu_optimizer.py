@@ -72,8 +72,8 @@ class CpuOptimizerCurve:
         """How much faster than the curve this implementation steps a model whose tensors are
         `tensors` ((elements, count) pairs, flattened): the parameter-weighted harmonic mean of its
         rate at each size over its rate at the curve's size. DeepSpeedCPUAdam steps flat partitions:
-        its largest measured size. 1.0 without tensors or measurements."""
-        if not self.elements or not self.curve_elements:
+        its largest measured size. 1.0 without tensors (the curve's own size) or measurements."""
+        if not self.elements or not self.curve_elements or not tensors:
             return 1.0
         ref = self._at_elements(self.curve_elements)
         if self.impl == CpuOptimizer.DEEPSPEED:

@@ -63,8 +63,11 @@ class HostSide:
     node_gpus: int = 1  # GPUs of the plan on one node (they share an x86 host's CPU and memory)
     optimizer_threads: int = 0  # threads one GPU's CPU optimizer runs on; 0: all of its cores
     main_threads: int = 0  # threads the training process's own host work (casts, sums) runs on
-    # SuperOffload: the CPU AdamW runs in DeepSpeed's spawned worker process, handed each sub-group
-    # through a queue (cost/library_overheads.py prices the hand-off and the worker's pace)
+    # SuperOffload on an x86 host: the CPU AdamW runs in DeepSpeed's spawned worker process, handed
+    # each sub-group through a queue (cost/library_overheads.py prices the hand-off and the worker's
+    # pace, measured on x86). Not applied on Grace (C2C), where it is unmeasured and the published
+    # GH200 runs (SuperOffload paper and blog) have SuperOffload ahead of ZeRO-Offload, which the
+    # x86 pace would contradict
     worker_process: bool = False
 
     @staticmethod
@@ -78,7 +81,8 @@ class HostSide:
         if plan is None:
             return side
         opt, main = optimizer_threads(plan, side.cores_per_gpu, node)
-        return HostSide(hw, sharers, node, opt, main, plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD)
+        worker = plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and not hw.host_link.is_c2c
+        return HostSide(hw, sharers, node, opt, main, worker)
 
     # --- the link ---------------------------------------------------------------
     def host_memory_rate(self) -> float:
