@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from microbench_host import med as timed  # the same folder: median of timed runs after warm-up
+
 LLAMA = {"1b": dict(h=2048, i=8192, layers=16, heads=32, kv=8, vocab=128256),
          "3b": dict(h=3072, i=8192, layers=28, heads=24, kv=8, vocab=128256)}
 
@@ -38,17 +40,6 @@ def llama_shapes(name):
     h, i, hd = c["h"], c["i"], 128
     per_layer = [h * c["heads"] * hd, h * c["kv"] * hd, h * c["kv"] * hd, c["heads"] * hd * h, i * h, i * h, i * h, h, h]
     return [c["vocab"] * h] + per_layer * c["layers"] + [h]
-
-
-def timed(fn, reps=3, warm=1):
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts), ts
 
 
 def make_opt(impl, params):
@@ -73,27 +64,26 @@ def adam_rate(impl, sizes, reps=3):
             "threads": torch.get_num_threads()}
 
 
+def _adam_rows(out, part, cases, reps=3):
+    """One adam_rate row per (label fields, impl, tensor sizes) in `cases`, printed as it comes."""
+    rows = out[part] = []
+    for fields, impl, sizes in cases:
+        rows.append({**adam_rate(impl, sizes, reps), **fields})
+        print(part, json.dumps(rows[-1]), flush=True)
+
+
 def adam_by_size(out, total=2**28):
-    rows = []
-    for per in (2**20, 2**22, 2**24, 2**26):
-        for impl in ("torch_fused", "ds_cpuadam", "torch_foreach", "torch_forloop"):
-            r = adam_rate(impl, [per] * (total // per))
-            r["elements_per_tensor"] = per
-            rows.append(r)
-            print("adam_by_size", json.dumps(r), flush=True)
-    out["adam_by_size"] = rows
+    _adam_rows(out, "adam_by_size", [({"elements_per_tensor": per}, impl, [per] * (total // per))
+                                     for per in (2**20, 2**22, 2**24, 2**26)
+                                     for impl in ("torch_fused", "ds_cpuadam", "torch_foreach", "torch_forloop")])
 
 
 def adam_llama(out):
-    rows = []
-    for name, impls in (("1b", ("torch_fused", "ds_cpuadam", "torch_foreach", "torch_forloop")),
-                        ("3b", ("torch_fused", "ds_cpuadam", "torch_foreach"))):
-        for impl in impls:
-            r = adam_rate(impl, llama_shapes(name), reps=2)
-            r["model"] = name
-            rows.append(r)
-            print("adam_llama", json.dumps(r), flush=True)
-    out["adam_llama"] = rows
+    _adam_rows(out, "adam_llama", [({"model": name}, impl, llama_shapes(name))
+                                   for name, impls in (("1b", ("torch_fused", "ds_cpuadam", "torch_foreach",
+                                                               "torch_forloop")),
+                                                       ("3b", ("torch_fused", "ds_cpuadam", "torch_foreach")))
+                                   for impl in impls], reps=2)
 
 
 def superoffload_worker(out):
