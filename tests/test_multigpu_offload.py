@@ -51,9 +51,12 @@ def test_each_rank_moves_and_updates_only_its_shard(cal):
         assert off["bytes_d2h"] == pytest.approx(MID.total_params / dp * (4 + 2), rel=0.02)
         assert off["bytes_h2d"] == pytest.approx(MID.total_params / dp * (2 + 2), rel=0.02)
     # every GPU of the node holds its shard on the host: the node holds the whole state, however many GPUs
-    host = [r.host.peak_bytes for r in reports.values()]
-    assert max(host) == pytest.approx(min(host), rel=1e-6)
-    assert host[0] == pytest.approx(MID.total_params * 16, rel=0.01)  # fp32 masters, moments, gradients
+    # (fp32 masters and moments exactly; the pinned gradient buffers in power-of-two blocks, so at least
+    # the fp32 gradients and the 16-bit partition, at most twice that)
+    for r in reports.values():
+        b = r.host.breakdown
+        assert b["master_params"] + b["optimizer_states"] == pytest.approx(MID.total_params * 12, rel=0.01)
+        assert MID.total_params * 6 * 0.99 <= b["grads"] + b["grad_partition16"] <= MID.total_params * 12
     # a shard 1/dp the size on 1/dp of the host's cores: the node's CPU updates the whole model each step
     cpu = [r.extra["offload"]["cpu_optimizer_s"] for r in reports.values()]
     assert max(cpu) == pytest.approx(min(cpu), rel=1e-9)

@@ -54,6 +54,8 @@ class OffloadSetup:
     # (grad_buffer.to(device)) before its fp32 copy leaves; its traces: 6.4 GB each way for 3.2e9
     # parameters on the reduction stream
     grad_round_trip: bool = False
+    # the host buffers were allocated pinned (pin_memory), whatever later made copies pageable
+    host_pinned_blocks: bool = True
 
     @property
     def any(self) -> bool:
@@ -107,6 +109,7 @@ def resolve(plan: Plan) -> OffloadSetup:
         grad_clip=plan.grad_clip,
         grad_round_trip=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
         and schedule != OffloadSchedule.SYNC,
+        host_pinned_blocks=plan.offload_pinned,
     )
 
 
