@@ -112,3 +112,19 @@ def test_plain_offload_with_bf16_weights_moves_fp32_both_ways():
     p = param_counts(SMALL, Plan()).trainable
     assert r.extra["offload"]["bytes_d2h"] == pytest.approx(4 * p, rel=0.01)
     assert r.extra["offload"]["bytes_h2d"] == pytest.approx(4 * p, rel=0.01)
+
+
+def test_deepspeed_host_buffers_come_in_power_of_two_pinned_blocks():
+    from ghsim.graph.states import pinned_block
+
+    assert pinned_block(4e9) == 2**32 and pinned_block(2**30) == 2**30 and pinned_block(0) == 0
+    model = load_model("llama-3-8b")
+    p = param_counts(model, Plan()).trainable
+    z2 = simulate(model, H100, _plan(framework=Framework.DEEPSPEED, zero=2, offload=OPT)).host.breakdown
+    assert z2["master_params"] == z2["grads"] == pinned_block(4 * p) and z2["param_copy16"] == pinned_block(2 * p)
+    pageable = simulate(model, H100, _plan(framework=Framework.DEEPSPEED, zero=2, offload=OPT,
+                                           offload_pinned=False)).host.breakdown
+    assert pageable["master_params"] == pytest.approx(4 * p) and pageable["param_copy16"] == pytest.approx(2 * p)
+    z3 = simulate(model, H100, _plan(framework=Framework.DEEPSPEED, zero=3, offload=OPT)).host.breakdown
+    assert z3["master_params"] == pytest.approx(4 * p)  # pageable: stage 3 clones them to the CPU
+    assert z3["grads"] == 8 * 2**32 + pinned_block(4 * (p - 8e9))  # 8 full sub-groups of 1e9 and the rest
