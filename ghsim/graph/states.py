@@ -29,7 +29,7 @@ from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
-from ghsim.plan import Framework, Plan
+from ghsim.plan import Framework, OffloadSchedule, Plan
 
 ADAMW_MOMENTS = 8.0  # exp_avg and exp_avg_sq, fp32
 
@@ -66,6 +66,9 @@ class StageParams:
     params: float
     trainable: float
     layer_share: float  # share of `params` inside decoder layers (the rest: embedding, final norm, LM head)
+    # host bytes per byte of fp32 state when each trainable tensor is pinned on its own (torch's
+    # power-of-two blocks: pinned_block), as FSDP2's CPUOffloadPolicy and a plain loop pin them
+    pinned_tensor_blocks: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -160,12 +163,23 @@ def pinned_block(nbytes: float) -> float:
     return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 0 else 0.0
 
 
-def host_static_bytes(setup: OffloadSetup, trainable: float, total: float) -> dict[str, float]:
+def pinned_tensor_blocks(tensors: tuple[int, ...]) -> float:
+    """StageParams.pinned_tensor_blocks of a model whose tensors are `tensors` ((elements, count) pairs
+    flattened): pinned bytes over fp32 bytes when each tensor's fp32 copy is pinned on its own."""
+    pairs = list(zip(tensors[::2], tensors[1::2]))
+    exact = sum(4 * n * c for n, c in pairs)
+    return sum(pinned_block(4 * n) * c for n, c in pairs) / exact if exact else 1.0
+
+
+def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tensor_blocks: float = 1.0
+                      ) -> dict[str, float]:
     """Host memory one GPU's offload (`setup`) holds all step (pinned unless the plan says pageable).
     DeepSpeed's buffers as its code allocates them: stage 1/2 (stage_1_and_2.py) a flat fp32 master,
     its flat fp32 gradient and a flat 16-bit copy of the partition, each one pinned block; stage 3
     (stage3.py) pageable fp32 masters, fp32 gradients pinned per sub-group and the 16-bit gradient
-    partition as one pinned block. The AdamW moments are pageable."""
+    partition as one pinned block. Plain PyTorch and FSDP pin each tensor's fp32 master and
+    gradient on its own (`tensor_blocks`: StageParams.pinned_tensor_blocks). The AdamW moments are
+    pageable."""
     out: dict[str, float] = {}
     if setup.optimizer and setup.cpu_share > 0:
         p = setup.cpu_share * trainable / setup.shard
@@ -175,6 +189,8 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float) -> di
         block = pinned_block if setup.host_pinned_blocks else float
         if setup.serial_grad_copies:
             out.update(master_params=block(4 * p), grads=block(4 * p), param_copy16=block(2 * p))
+        elif setup.schedule == OffloadSchedule.SYNC and setup.host_pinned_blocks:
+            out.update(master_params=4 * p * tensor_blocks, grads=4 * p * tensor_blocks)
         elif setup.grad_round_trip and not setup.params:
             full, rest = divmod(p, SUB_GROUP_PARAMS)
             out.update(grads=int(full) * block(4 * SUB_GROUP_PARAMS) + block(4 * rest), grad_partition16=block(2 * p))
@@ -224,7 +240,7 @@ def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) ->
     buckets = comm_buckets(plan, dp, stage.trainable)
     if buckets:
         hbm["comm_buckets"] = buckets
-    return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params))
+    return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params, stage.pinned_tensor_blocks))
 
 
 def kept_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> dict[str, float]:
