@@ -177,7 +177,8 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
     DeepSpeed's buffers as its code allocates them: stage 1/2 (stage_1_and_2.py) a flat fp32 master,
     its flat fp32 gradient and a flat 16-bit copy of the partition, each one pinned block; stage 3
     (stage3.py) pageable fp32 masters, fp32 gradients pinned per sub-group and the 16-bit gradient
-    partition as one pinned block. Plain PyTorch and FSDP pin each tensor's fp32 master and
+    partition as one pinned block (SuperOffload: plus the gradients' shared-memory copies and its
+    worker's pinned buffer). Plain PyTorch and FSDP pin each tensor's fp32 master and
     gradient on its own (`tensor_blocks`: StageParams.pinned_tensor_blocks). The AdamW moments are
     pageable."""
     out: dict[str, float] = {}
@@ -194,6 +195,12 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
         elif setup.grad_round_trip and not setup.params:
             full, rest = divmod(p, SUB_GROUP_PARAMS)
             out.update(grads=int(full) * block(4 * SUB_GROUP_PARAMS) + block(4 * rest), grad_partition16=block(2 * p))
+            if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+                # handing a sub-group to the CPU-Adam worker moves its fp32 gradient into shared memory
+                # (torch.multiprocessing), while the pinned block stays in torch's cache; the worker
+                # copies each gradient into its own pinned buffer of the largest sub-group
+                # (superoffload_utils.py; offload_calibration.py: the handed-over tensors come back unpinned)
+                out.update(grads_shared=4 * p, worker_grad_buffer=block(4 * min(p, SUB_GROUP_PARAMS)))
     if setup.params:
         frozen = total - trainable
         if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
