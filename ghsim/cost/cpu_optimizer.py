@@ -10,7 +10,11 @@ threads), so each implementation carries its own measured curve:
 
 On another host, or with fewer cores per GPU, the rate is the smaller of the
 curve at that thread count and the host's streaming bandwidth share over those
-bytes. Figures: hardware_profiles/calibration/cpu_optimizers.toml, each sourced.
+bytes. Both scale with the model's tensor sizes: each implementation's rate at
+16 threads by elements per tensor, relative to the size its thread curve was
+measured at (torch's for-each and for-loop passes run 0.7x-1.3x that rate
+across 1M-64M-element tensors). Figures:
+hardware_profiles/calibration/cpu_optimizers.toml, each sourced.
 """
 
 from __future__ import annotations
