@@ -29,6 +29,8 @@ per node: every GPU of the node holds its own offloaded states.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from itertools import chain
 from dataclasses import dataclass, replace
@@ -46,7 +48,7 @@ from ghsim.cost.offload_policy import transfer_widths
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.dtypes import Dtypes
-from ghsim.graph.offload import OffloadSetup, Widths, check_offload
+from ghsim.graph.offload import OffloadSetup, Widths, check_offload, deepspeed_sub_group_ratio
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.ops import Category, Collective, Op, OpGraph, Phase, Resource
 from ghsim.graph.parallel import (
@@ -61,7 +63,7 @@ from ghsim.graph.parallel import (
 )
 from ghsim.graph.states import check_host_capacity, kept_states, rank_states
 from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
-from ghsim.graph.step import loader_seconds
+from ghsim.graph.step import loader_seconds, param_counts
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.report.host import per_node
@@ -111,7 +113,9 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
-    return simulate_prepared(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)
+    plan, note = deepspeed_sub_group_ratio(plan, param_counts(model, plan).trainable)
+    report = simulate_prepared(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)
+    return dataclasses.replace(report, notes=report.notes + (note,)) if note else report
 
 
 

@@ -45,14 +45,18 @@ def test_each_rank_moves_and_updates_only_its_shard(cal):
     for dp, r in reports.items():
         off = r.extra["offload"]
         assert off["per_gpu"] and off["schedule"] == "overlapped"
-        # the rank's reduced gradient shard goes down, its updated parameter shard comes back, both
-        # in fp32 as DeepSpeed 0.19's stage 3 moves them (validation/measured_libraries trace)
-        assert off["bytes_d2h"] == pytest.approx(MID.total_params / dp * 4, rel=0.02)
-        assert off["bytes_h2d"] == pytest.approx(MID.total_params / dp * 4, rel=0.02)
+        # the rank's reduced gradient shard goes down in fp32 and its updated parameter shard comes back
+        # in bf16, as DeepSpeed 0.19's stage 3 moves them, and each 16-bit gradient partition makes a
+        # round trip through the pinned flat buffer first (validation/measured_libraries traces)
+        assert off["bytes_d2h"] == pytest.approx(MID.total_params / dp * (4 + 2), rel=0.02)
+        assert off["bytes_h2d"] == pytest.approx(MID.total_params / dp * (2 + 2), rel=0.02)
     # every GPU of the node holds its shard on the host: the node holds the whole state, however many GPUs
-    host = [r.host.peak_bytes for r in reports.values()]
-    assert max(host) == pytest.approx(min(host), rel=1e-6)
-    assert host[0] == pytest.approx(MID.total_params * 16, rel=0.01)  # fp32 masters, moments, gradients
+    # (fp32 masters and moments exactly; the pinned gradient buffers in power-of-two blocks, so at least
+    # the fp32 gradients and the 16-bit partition, at most twice that)
+    for r in reports.values():
+        b = r.host.breakdown
+        assert b["master_params"] + b["optimizer_states"] == pytest.approx(MID.total_params * 12, rel=0.01)
+        assert MID.total_params * 6 * 0.99 <= b["grads"] + b["grad_partition16"] <= MID.total_params * 12
     # a shard 1/dp the size on 1/dp of the host's cores: the node's CPU updates the whole model each step
     cpu = [r.extra["offload"]["cpu_optimizer_s"] for r in reports.values()]
     assert max(cpu) == pytest.approx(min(cpu), rel=1e-9)
@@ -123,14 +127,16 @@ def test_activation_offload_frees_hbm_on_every_stage_and_holds_the_in_flight_mic
 def test_superoffload_on_a_quad_gh200_overlaps_the_cpu_optimizer_with_backward(cal):
     base = dict(gpus=4, zero=3, offload=["optimizer"], seq=2048)
     zo = simulate(LLAMA8, QUAD, plan(**base, offload_schedule="overlapped"), cal, keep_timeline=False)
-    so = simulate(LLAMA8, QUAD, plan(**base, offload_schedule="superoffload", offload_ratio=0.8), cal,
+    # ratio 0.5: each rank's 2e9 parameters are 2 sub-groups of DeepSpeed's 1e9, and stage 3 keeps
+    # int((1 - ratio) x 2) whole sub-groups on the GPU (at 0.8 it would keep none)
+    so = simulate(LLAMA8, QUAD, plan(**base, offload_schedule="superoffload", offload_ratio=0.5), cal,
                   keep_timeline=False)
     assert so.step_time_s < zo.step_time_s
-    mb, run = micro_batch(cal, LLAMA8, QUAD, plan(**base, offload_schedule="superoffload", offload_ratio=0.8))
+    mb, run = micro_batch(cal, LLAMA8, QUAD, plan(**base, offload_schedule="superoffload", offload_ratio=0.5))
     adam = named(mb.graph, "cpu_adamw")
     assert min(run.schedule.start[i] for i in adam) < run.times["t_bwd"]  # speculation: during backward
-    assert named(mb.graph, "adamw.fused.gpu_share")  # the tail buckets stay on the GPU (ratio 0.8)
-    # the GPU keeps 20% of the optimizer state
+    assert named(mb.graph, "adamw.fused.gpu_share")  # the tail buckets stay on the GPU
+    # the GPU keeps half of the optimizer state
     assert so.hbm.breakdown.get("optimizer_states", 0) > 0 and "optimizer_states" not in zo.hbm.breakdown
 
 def test_sync_offload_copies_after_the_last_reduction(cal):

@@ -18,14 +18,14 @@ from typing import Callable
 
 from ghsim.cost.calibration import Calibration, attention_features
 from ghsim.cost.overlay import Corrections
-from ghsim.cost.library_overheads import (sdpa_bool_mask_slowdown, sdpa_fallback_rate, sdpa_mask_over_causal_time,
-                                          zero3_hook_seconds)
+from ghsim.cost.library_overheads import (blocking_cast_seconds_per_param, sdpa_bool_mask_slowdown, sdpa_fallback_rate,
+                                          sdpa_mask_over_causal_time, zero3_hook_seconds)
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
 from ghsim.graph.dtypes import INDUCTOR
 from ghsim.graph.torchao_fp8 import CAST, ROWWISE
 from ghsim.graph.flops import gemm_flops, window_pair_fraction
 from ghsim.graph.layer_ops import MASKED_SDPA
-from ghsim.graph.offload.ops import SINGLE_THREAD
+from ghsim.graph.offload.ops import BLOCKING_CAST, SINGLE_THREAD
 from ghsim.cost.hostlink import HostSide
 from ghsim.cost.fp8 import cast_rate, rowwise_gemm_factor
 from ghsim.cost.inductor import measured_hbm_Bps, region_curve
@@ -187,16 +187,19 @@ class CostModel:
 
     # --- host side ------------------------------------------------------------
     def host_work_time(self, op: Op) -> float:
-        """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module."""
+        """Fixed host work; DeepSpeed ZeRO-3's module hooks at the measured cost per module; torch's
+        host cast ahead of a blocking copy up at the measured cost per parameter."""
         if op.variant == ZERO3_HOOKS:
             # measured on an x86 host; host_path_factor measured one op's dispatch and launch, not
             # DeepSpeed's Python parameter coordinator, so the hooks keep the x86 figure (assumed)
             fwd_s, bwd_s = zero3_hook_seconds()
             return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
+        if op.variant == BLOCKING_CAST:
+            return op.params * blocking_cast_seconds_per_param()
         return op.seconds
 
-    def cpu_optimizer_time(self, params: float, impl: str) -> float:
-        return self.host.cpu_optimizer_time(params, impl)
+    def cpu_optimizer_time(self, params: float, impl: str, tensors: tuple[float, ...] = ()) -> float:
+        return self.host.cpu_optimizer_time(params, impl, tensors)
 
     def issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         """Host seconds to issue the op: one launch per GPU kernel (replayed graphs launch cheaply),
@@ -286,7 +289,7 @@ _PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
                                                     variant=op.variant),
     Kind.MEMBOUND: lambda cm, op: cm.membound_time(op.bytes, op.variant),
     Kind.OPT_GPU: lambda cm, op: cm.optimizer_gpu_time(op.params, op.variant),
-    Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant),
+    Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant, op.shape),
     Kind.H2D: _copy,
     Kind.D2H: _copy,
     Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes, op.variant == SINGLE_THREAD),

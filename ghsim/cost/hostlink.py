@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ghsim.cost.library_overheads import superoffload_worker_pace
+from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.ops import Kind
 from ghsim.cost.cpu_optimizer import (
     ADAMW_STREAM_BYTES,
@@ -61,6 +63,12 @@ class HostSide:
     node_gpus: int = 1  # GPUs of the plan on one node (they share an x86 host's CPU and memory)
     optimizer_threads: int = 0  # threads one GPU's CPU optimizer runs on; 0: all of its cores
     main_threads: int = 0  # threads the training process's own host work (casts, sums) runs on
+    # SuperOffload on an x86 host: the CPU AdamW runs in DeepSpeed's spawned worker process, handed
+    # each sub-group through a queue (cost/library_overheads.py prices the hand-off and the worker's
+    # pace, measured on x86). Not applied on Grace (C2C), where it is unmeasured and the published
+    # GH200 runs (SuperOffload paper and blog) have SuperOffload ahead of ZeRO-Offload, which the
+    # x86 pace would contradict
+    worker_process: bool = False
 
     @staticmethod
     def of(hw: "Hardware", plan: "Plan | None" = None, cal: "Calibration | None" = None) -> "HostSide":
@@ -73,7 +81,8 @@ class HostSide:
         if plan is None:
             return side
         opt, main = optimizer_threads(plan, side.cores_per_gpu, node)
-        return HostSide(hw, sharers, node, opt, main)
+        worker = plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and not hw.host_link.is_c2c
+        return HostSide(hw, sharers, node, opt, main, worker)
 
     # --- the link ---------------------------------------------------------------
     def host_memory_rate(self) -> float:
@@ -123,13 +132,19 @@ class HostSide:
         share = self.hw.cpu.adamw_params_per_s * ADAMW_STREAM_BYTES / self.cpu_sharers
         return min(share, max(1, threads) * per_thread_bandwidth())
 
-    def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED) -> float:
-        """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets."""
+    def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED, tensors: tuple[float, ...] = ()) -> float:
+        """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets, over tensors of the
+        given sizes ((elements, count) pairs, flattened; cost/cpu_optimizer.py)."""
         threads = self.optimizer_threads or self.cores_per_gpu
-        return cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads))
+        rate = cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads), tensors)
+        return rate * superoffload_worker_pace()[0] if self.worker_process else rate
 
-    def cpu_optimizer_time(self, params: float, impl: str = CpuOptimizer.DEEPSPEED) -> float:
-        return params / self.cpu_adamw_rate(impl) if params > 0 else 0.0
+    def cpu_optimizer_time(self, params: float, impl: str = CpuOptimizer.DEEPSPEED,
+                           tensors: tuple[float, ...] = ()) -> float:
+        if params <= 0:
+            return 0.0
+        handoff = superoffload_worker_pace()[1] * params / SUB_GROUP_PARAMS if self.worker_process else 0.0
+        return params / self.cpu_adamw_rate(impl, tensors) + handoff
 
     def cpu_stream_rate(self) -> float:
         """Bytes/s the training process's own host work (a cast, an accumulation) streams."""
@@ -168,8 +183,13 @@ def optimizer_threads(plan: "Plan", cores_per_gpu: int, node_gpus: int) -> tuple
     """
     impl = resolve_cpu_optimizer(plan)
     if plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD:
-        worker = max(1, int((plan.cpu_cores_share or SUPEROFFLOAD_CPU_ADAM_CORES) * cores_per_gpu))
-        opt, main = worker, max(1, cores_per_gpu - worker)
+        # superoffload_utils.py _set_cpu_affinity: the worker gets the last cores, all but
+        # int((1 - perc) x cores). The training process's call pins only its main thread: torch's
+        # OpenMP threads, started during initialisation, keep every core, so its host passes do
+        # not slow down (the traces: the clip's mul_ of 1e9 fp32 takes 60 ms with 16 cores, 63 ms
+        # with 3 and 72-88 ms with 1)
+        pinned_main = int((1 - (plan.cpu_cores_share or SUPEROFFLOAD_CPU_ADAM_CORES)) * cores_per_gpu)
+        opt, main = max(1, cores_per_gpu - pinned_main), cores_per_gpu
     elif impl != CpuOptimizer.DEEPSPEED and node_gpus > 1:
         opt = main = 1
     else:

@@ -40,3 +40,17 @@ def sdpa_bool_mask_slowdown(head_dim: int, backward: bool) -> float:
 def zero3_hook_seconds() -> tuple[float, float]:
     """DeepSpeed ZeRO-3's host seconds per module with parameters: (forward, backward)."""
     return _figure("deepspeed_zero3", "hook_fwd_s"), _figure("deepspeed_zero3", "hook_bwd_s")
+
+
+def blocking_cast_seconds_per_param() -> float:
+    """Host seconds per parameter torch spends casting fp32 host memory to 16 bits into a fresh
+    pageable tensor before a blocking copy up (the cast, not the copy)."""
+    return _figure("torch_copy", "blocking_cast_s_per_param")
+
+
+def superoffload_worker_pace() -> tuple[float, float]:
+    """DeepSpeed SuperOffload's CPU-Adam worker process: its pace per parameter as a share of
+    DeepSpeedCPUAdam's measured rate on the worker's cores, and its seconds per sub-group handed
+    over (queue, the copy of the gradient into its pinned buffer's first use, the result back)."""
+    return (_figure("deepspeed_superoffload", "worker_rate_share"),
+            _figure("deepspeed_superoffload", "handoff_s_per_sub_group"))

@@ -46,11 +46,17 @@ def transfer_widths(cost: CostModel, setup: OffloadSetup, grad_width: float, gpu
     g_gpu = p_gpu = False  # ZeRO-Offload: casts on the CPU
     if setup.serial_grad_copies:  # DeepSpeed 0.19 stage 1/2: copy_() into the fp32 pinned buffer casts on the GPU
         g_gpu = gw == 2
+    if setup.grad_round_trip:
+        # DeepSpeed 0.19 stage 3, with or without offload_param: each gradient partition is widened
+        # on the GPU and copied into the fp32 host gradient (stage3.py _offload_grad_partition_at_
+        # boundary; its traces: 12.85 GB fp32 Device -> Pinned for 3.2e9 parameters)
+        g_gpu = gw == 2
     if setup.pageable_param_return:
         # DeepSpeed 0.19 stage 3: gradients widened on the GPU and copied down in fp32; each updated
-        # fp32 partition copied up as fp32 and narrowed on the GPU (its trace: 1.8 s of pageable
-        # copies for a 3.2e9-parameter model = 12.8 GB at the pageable rate)
-        g_gpu, p_gpu = gw == 2, pw == 2
+        # fp32 sub-group copied into the 16-bit GPU partition by a blocking copy_, which casts on the
+        # CPU and copies 16 bits up from pageable memory (its traces: aten::to on the training
+        # thread, then 6.4 GB Pageable -> Device for 3.2e9 parameters)
+        g_gpu = gw == 2
     if setup.speculative:
         gpu_cast_s = price(gpu_cast("probe", probe, Phase.BWD)) / probe
         cpu_cast_s = price(cpu_bytes("probe", probe * 6, Phase.BWD, False)) / probe

@@ -36,13 +36,20 @@ ZERO3_HOOKS = "zero3_hooks"
 
 def zero3_hooks(model, plan, phase: str) -> list[Op]:
     """DeepSpeed ZeRO-3's fetch/release hooks around every module of one decoder layer, as host
-    time on the training thread (the host waits; the GPU runs what is already queued). One hook
-    pair per module that holds parameters: the projections, the norms, the experts, and with LoRA
-    two adapter modules per target."""
+    time on the training thread (the host waits; the GPU runs what is already queued). DeepSpeed
+    hooks every submodule, not only those holding parameters (stage3's hooks are registered on
+    module.modules()): a Hugging Face Llama layer runs 13 (the layer, attention, MLP and its
+    activation around the 7 projections and 2 norms; its trace: 369 pre-backward hooks for 28
+    layers and 5 outside them). Each is priced at the measured cost of a module with parameters
+    (an assumption for the ones without: their fetch is empty, the hook bookkeeping is not).
+    Experts add their MLP and activation; LoRA two adapter modules per target."""
     if not (plan.framework == Framework.DEEPSPEED and plan.zero >= 3):
         return []
     experts = model.moe.num_experts if model.moe is not None else 1
-    modules = 4 + model.mlp_matrices * experts + 2 + (1 if model.moe is not None else 0)
+    containers = 3 + experts  # the layer, attention, the MLP (or MoE block), each expert's activation
+    if model.moe is not None:
+        containers += experts  # each expert's MLP module
+    modules = 4 + model.mlp_matrices * experts + 2 + (1 if model.moe is not None else 0) + containers
     if plan.lora_rank:
         modules += 2 * (4 + model.mlp_matrices)
     return [Op(name="zero3.hooks", category=Category.OTHER, kind=K.HOST_WORK, resource=Resource.HOST,

@@ -119,7 +119,9 @@ class Op(NamedTuple):
     bytes: float = 0.0
     dtype: str = "bf16"
     variant: str = ""  # which measured curve prices it: membound op name, optimizer impl; a Collective
-    shape: tuple[int, ...] = ()  # GEMM (m, n, k); attention (batch, heads, kv_heads, seq, head_dim)
+    # GEMM (m, n, k); attention (batch, heads, kv_heads, seq, head_dim); CPU AdamW: the sizes of
+    # the model's tensors it updates, as (elements, count) pairs flattened
+    shape: tuple[int, ...] = ()
     kernels: int = 1  # GPU kernels launched (each costs the host a launch)
     pinned: bool = True  # host copies: pinned or pageable buffer
     params: float = 0.0  # optimizer ops: parameters updated

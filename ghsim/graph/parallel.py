@@ -35,7 +35,7 @@ from ghsim.graph.offload import (
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
 from ghsim.graph.ops import Category, Op, OpGraph, Phase, Resource
-from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards, shards_grads
+from ghsim.graph.states import StageParams, StateBytes, persistent_grad_shards, pinned_tensor_blocks, shards_grads
 from ghsim.graph.step import (
     LayerTemplates,
     ParamCounts,
@@ -44,6 +44,7 @@ from ghsim.graph.step import (
     input_ops,
     layer_templates,
     param_counts,
+    trainable_tensor_sizes,
 )
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import LayerSplit
@@ -218,7 +219,8 @@ def stage_params(model: ModelSpec, plan: Plan, layout: Layout, stage: int,
         cp = chunk_params(model, plan, layout, Chunk(per_chunk, first, last), local)
         params, trainable = params + cp.params, trainable + cp.trainable
         outside += cp.embedding_params + cp.head_params
-    return StageParams(params, trainable, 1.0 - outside / params if params else 0.0)
+    blocks = pinned_tensor_blocks(trainable_tensor_sizes(model, plan, layout.tp * (layout.dp if plan.zero >= 1 else 1)))
+    return StageParams(params, trainable, 1.0 - outside / params if params else 0.0, blocks)
 
 
 @dataclass(frozen=True)
@@ -542,7 +544,8 @@ class _MicrobatchBuilder:
             facts = StepFacts(trainable=cp.trainable,
                               n_tensors=n_tensors,
                               saved_per_layer=offload_saved_bytes(plan, self.t.saved_per_layer, self.x_bytes),
-                              gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad)
+                              gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad,
+                              tensor_elements=trainable_tensor_sizes(local, plan, plan.tp * (dp if zero >= 1 else 1)))
             hooks = RankHooks(tuple(self.sources) if final or self.per_microbatch else (), self.gathered, final,
                               bool(self.loss_bwd))
             g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)

@@ -20,13 +20,16 @@ fast estimate (memory_estimate.py) all read it.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
+from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
-from ghsim.plan import Framework, Plan, Precision
+from ghsim.plan import Framework, OffloadSchedule, Plan, Precision
 
 ADAMW_MOMENTS = 8.0  # exp_avg and exp_avg_sq, fp32
 
@@ -63,6 +66,9 @@ class StageParams:
     params: float
     trainable: float
     layer_share: float  # share of `params` inside decoder layers (the rest: embedding, final norm, LM head)
+    # host bytes per byte of fp32 state when each trainable tensor is pinned on its own (torch's
+    # power-of-two blocks: pinned_block), as FSDP2's CPUOffloadPolicy and a plain loop pin them
+    pinned_tensor_blocks: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -150,14 +156,51 @@ def resident_states(states: dict[str, float], plan: Plan, layer_share: float,
     return out
 
 
-def host_static_bytes(setup: OffloadSetup, trainable: float, total: float) -> dict[str, float]:
-    """Host memory one GPU's offload (`setup`) holds all step (pinned unless the plan says pageable)."""
+def pinned_block(nbytes: float) -> float:
+    """Host bytes a pinned buffer holds: torch's caching host allocator (what Tensor.pin_memory()
+    and DeepSpeed's pin_memory go through) hands out the next power of two (the measured ZeRO-2
+    offload of 3.2e9 parameters pins 44.0 GB for 32.1 GB of buffers: 17.2 + 17.2 + 8.6)."""
+    return float(2 ** math.ceil(math.log2(nbytes))) if nbytes > 0 else 0.0
+
+
+def pinned_tensor_blocks(tensors: tuple[int, ...]) -> float:
+    """StageParams.pinned_tensor_blocks of a model whose tensors are `tensors` ((elements, count) pairs
+    flattened): pinned bytes over fp32 bytes when each tensor's fp32 copy is pinned on its own."""
+    pairs = list(zip(tensors[::2], tensors[1::2]))
+    exact = sum(4 * n * c for n, c in pairs)
+    return sum(pinned_block(4 * n) * c for n, c in pairs) / exact if exact else 1.0
+
+
+def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tensor_blocks: float = 1.0
+                      ) -> dict[str, float]:
+    """Host memory one GPU's offload (`setup`) holds all step (pinned unless the plan says pageable).
+    DeepSpeed's buffers as its code allocates them: stage 1/2 (stage_1_and_2.py) a flat fp32 master,
+    its flat fp32 gradient and a flat 16-bit copy of the partition, each one pinned block; stage 3
+    (stage3.py) pageable fp32 masters, fp32 gradients pinned per sub-group and the 16-bit gradient
+    partition as one pinned block (SuperOffload: plus the gradients' shared-memory copies and its
+    worker's pinned buffer). Plain PyTorch and FSDP pin each tensor's fp32 master and
+    gradient on its own (`tensor_blocks`: StageParams.pinned_tensor_blocks). The AdamW moments are
+    pageable."""
     out: dict[str, float] = {}
     if setup.optimizer and setup.cpu_share > 0:
         p = setup.cpu_share * trainable / setup.shard
         out["master_params"] = 4 * p
         out["optimizer_states"] = ADAMW_MOMENTS * p
         out["grads"] = 4 * p  # fp32 gradients the CPU optimizer reads
+        block = pinned_block if setup.host_pinned_blocks else float
+        if setup.serial_grad_copies:
+            out.update(master_params=block(4 * p), grads=block(4 * p), param_copy16=block(2 * p))
+        elif setup.schedule == OffloadSchedule.SYNC and setup.host_pinned_blocks:
+            out.update(master_params=4 * p * tensor_blocks, grads=4 * p * tensor_blocks)
+        elif setup.grad_round_trip and not setup.params:
+            full, rest = divmod(p, SUB_GROUP_PARAMS)
+            out.update(grads=int(full) * block(4 * SUB_GROUP_PARAMS) + block(4 * rest), grad_partition16=block(2 * p))
+            if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+                # handing a sub-group to the CPU-Adam worker moves its fp32 gradient into shared memory
+                # (torch.multiprocessing), while the pinned block stays in torch's cache; the worker
+                # copies each gradient into its own pinned buffer of the largest sub-group
+                # (superoffload_utils.py; offload_calibration.py: the handed-over tensors come back unpinned)
+                out.update(grads_shared=4 * p, worker_grad_buffer=block(4 * min(p, SUB_GROUP_PARAMS)))
     if setup.params:
         frozen = total - trainable
         if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
@@ -187,8 +230,10 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
     if dp > 1 and zero == 0 and plan.framework == Framework.TORCH_AMP:
         # DDP copies gradients into its own flat buckets (gradient_as_bucket_view=False, the default)
         return grads
-    if dp > 1 and zero >= 1 and plan.framework == Framework.DEEPSPEED:
-        # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer)
+    if plan.zero >= 1 and plan.framework == Framework.DEEPSPEED:
+        # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer),
+        # allocated with contiguous_gradients (the default) on one GPU too: the measured offload
+        # cases' HBM peaks are that 1.0 GB above the states (validation/measured_libraries)
         return min(DEEPSPEED_BUCKET_ELEMENTS * Dtypes.of(plan).grad, grads)
     return 0.0
 
@@ -216,7 +261,7 @@ def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) ->
     cache = fp8_weight_cache(plan, dp, stage)
     if cache:
         hbm["fp8_weight_cache"] = cache
-    return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params))
+    return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params, stage.pinned_tensor_blocks))
 
 
 def kept_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> dict[str, float]:

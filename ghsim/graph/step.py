@@ -53,6 +53,25 @@ def param_counts(model: ModelSpec, plan: Plan) -> ParamCounts:
     return ParamCounts(model.total_params, model.total_params, model.num_layers * per_layer_tensors + 3)
 
 
+def trainable_tensor_sizes(model: ModelSpec, plan: Plan, split: int = 1) -> tuple[int, ...]:
+    """The sizes of the trainable tensors a CPU optimizer steps, as (elements, count) pairs
+    flattened (what prices torch's CPU AdamW per tensor size: cost/cpu_optimizer.py); each matrix
+    divided over `split` ranks (tensor parallelism, FSDP shards). Biases are left out."""
+    m, h = model, model.hidden_size
+    L = m.num_layers
+    if plan.lora_rank:
+        r, f = plan.lora_rank, m.intermediate_size if m.moe is None else m.moe.expert_intermediate_size
+        dims = {"q_proj": (h, m.q_dim), "k_proj": (h, m.kv_dim), "v_proj": (h, m.kv_dim), "o_proj": (m.q_dim, h),
+                "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+        pairs = [(r * n, L) for t in plan.lora_targets if t in dims for n in dims[t]]
+    else:
+        experts = m.moe.num_experts if m.moe is not None else 1
+        f = m.moe.expert_intermediate_size if m.moe is not None else m.intermediate_size
+        pairs = [(m.vocab_size * h, 1 if m.tie_embeddings else 2), (h, L * m.norms_per_layer + 1),
+                 (h * m.q_dim, 2 * L), (h * m.kv_dim, 2 * L), (h * f, L * m.mlp_matrices * experts)]
+    return tuple(v for n, c in pairs if n > 0 and c > 0 for v in (max(1, n // split), c))
+
+
 def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSplit()
                      ) -> tuple[list[Op], list[Op], list[Op], float]:
     """Forward ops, backward ops (including any recompute) and the saved bytes of one layer.

@@ -12,6 +12,7 @@ from ghsim.report.breakdown import Segment
 from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.graph.offload import OffloadSetup, resolve as resolve_offload
+from ghsim.graph.step import trainable_tensor_sizes
 from ghsim.graph.ops import Category, Phase, Resource
 from ghsim.graph.parallel import Layout
 from ghsim.model import simulation_notes
@@ -84,7 +85,9 @@ def assemble(s: SteppedPlan, keep_timeline: bool) -> StepReport:
         hbm=hbm,
         host=host,
         fit_problems=tuple(problems),
-        notes=tuple(_notes(plan, offload, layout, hw, s.host_side) + simulation_notes(s.model, plan.seq)),
+        notes=tuple(_notes(plan, offload, layout, hw, s.host_side, trainable_tensor_sizes(
+                        s.model, plan, layout.tp * (layout.dp if plan.zero >= 1 else 1)))
+                    + simulation_notes(s.model, plan.seq)),
         timeline=timeline,
         extra=extra,
     )
@@ -248,8 +251,9 @@ def _fp8_note(plan: Plan) -> list[str]:
             "attention and the LM head in bf16"]
 
 
-def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: HostSide) -> list[str]:
-    host_note = [_host_note(setup, hw, host)] if setup.optimizer and setup.cpu_share > 0 else []
+def _notes(plan: Plan, setup: OffloadSetup, layout: Layout, hw: Hardware, host: HostSide,
+           tensors: tuple[int, ...]) -> list[str]:
+    host_note = [_host_note(setup, hw, host, tensors)] if setup.optimizer and setup.cpu_share > 0 else []
     host_note += _kernel_notes(plan)
     if layout.gpus == 1:
         return _one_gpu_notes(plan) + _fp8_note(plan) + host_note
@@ -293,11 +297,14 @@ def _kernel_notes(plan: Plan) -> list[str]:
     return notes
 
 
-def _host_note(setup: OffloadSetup, hw: Hardware, host: HostSide) -> str:
-    """The host the offloaded optimizer was priced on: a user reads whether it is theirs."""
+def _host_note(setup: OffloadSetup, hw: Hardware, host: HostSide, tensors: tuple[int, ...]) -> str:
+    """The host the offloaded optimizer was priced on: a user reads whether it is theirs. The rate is
+    the one priced: over the model's tensor sizes, in SuperOffload's worker process where it runs."""
     threads = host.optimizer_threads or host.cores_per_gpu
+    where = " in DeepSpeed's SuperOffload worker process" if host.worker_process else ""
     return (f"host: {hw.cpu.cores} cores ({hw.cpu.model}), {host.cores_per_gpu} per GPU; CPU optimizer "
-            f"{setup.cpu_impl.value} on {threads} thread(s) per GPU: {host.cpu_adamw_rate(setup.cpu_impl) / 1e9:.2f} "
+            f"{setup.cpu_impl.value} on {threads} thread(s) per GPU{where}: "
+            f"{host.cpu_adamw_rate(setup.cpu_impl, tensors) / 1e9:.2f} "
             f"G params/s (--host-cores, --cpu-optimizer, --cpu-threads change this)")
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.graph.offload import OffloadSetup
-from ghsim.graph.offload import resolve as resolve_offload
+from ghsim.graph.offload import deepspeed_sub_group_ratio, resolve as resolve_offload
 from ghsim.graph.parallel import Layout, rank_shard, stage_params
 from ghsim.graph.states import RankStates, node_gpus, rank_states, shards_grads
 from ghsim.graph.step import param_counts
@@ -304,7 +304,8 @@ def memory_states(model: ModelSpec, hw: Hardware, plan: Plan) -> PlanStates:
     pp = layout.pp
     local = rank_shard(model, layout)
     chunk_layers = model.num_layers // layout.chunks
-    setup = resolve_offload(plan)
+    # the optimizer split DeepSpeed ZeRO-3 runs (whole sub-groups), as simulate() prices it
+    setup = resolve_offload(deepspeed_sub_group_ratio(plan, param_counts(model, plan).trainable)[0])
     on_gpu_optimizer = not setup.optimizer
     shard_opt = plan.dp if plan.zero >= 1 and plan.dp > 1 else 1
     stages = []

@@ -214,7 +214,8 @@ def run_case(case: Case, with_trace: bool = True) -> CaseResult:
     except GhsimError as e:
         return CaseResult(case, "skipped", str(e), measured)
     peak = report.hbm.peak_bytes
-    predicted = {"step_time_s": report.step_time_s, "gpu_utilization": report.gpu_utilization}
+    predicted = {"step_time_s": report.step_time_s, "gpu_utilization": report.gpu_utilization,
+                 "host_peak_bytes": report.host.peak_bytes}
     if case.peak_memory_kind == "nvidia-smi":  # like with like: the device total, not live tensors
         predicted["peak_allocated_bytes"] = peak
         peak = device_total_bytes(peak)

@@ -60,6 +60,7 @@ from ghsim.graph.offload.setup import (
     StepFacts,
     Widths,
     check_offload,
+    deepspeed_sub_group_ratio,
     resolve,
     resolve_schedule,
     saved_bytes_for,
@@ -72,8 +73,8 @@ from ghsim.plan import OffloadSchedule, Plan, Recompute
 __all__ = [  # the offload package's names, wherever they live
     "BUCKET_LATENCY_SHARE", "BWD", "DEEPSPEED_BUCKET_ELEMENTS", "FWD", "GradSource", "New", "OffloadSetup",
     "RankHooks", "Rewriter", "Run", "StepFacts", "Widths", "apply_offload_mapped", "check_offload", "copy_op",
-    "cpu_adam", "cpu_bytes", "find_runs", "gpu_cast", "resolve", "resolve_schedule", "save_on_cpu_layer",
-    "save_on_cpu_loss", "saved_bytes_for", "sync_activation_offload",
+    "cpu_adam", "cpu_bytes", "deepspeed_sub_group_ratio", "find_runs", "gpu_cast", "resolve", "resolve_schedule",
+    "save_on_cpu_layer", "save_on_cpu_loss", "saved_bytes_for", "sync_activation_offload",
 ]
 
 

@@ -35,9 +35,21 @@ def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool, single_thr
               host_waits=host_waits, variant=SINGLE_THREAD if single_thread else "")
 
 
-def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool) -> Op:
+# the variant of the training thread's cast of updated fp32 parameters to 16 bits ahead of a
+# blocking copy up (priced per parameter from a measurement: cost/library_overheads.py)
+BLOCKING_CAST = "blocking_cast"
+
+
+def blocking_cast(name: str, params: float, phase: str) -> Op:
+    return Op(name=name, category=K.CPU, kind=K.HOST_WORK, resource=_CPU, params=params, phase=phase, kernels=0,
+              host_waits=True, variant=BLOCKING_CAST)
+
+
+def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool, tensors: tuple[int, ...] = ()) -> Op:
+    """The CPU's AdamW over `params`; `tensors`: the model's tensor sizes it is priced over
+    ((elements, count) pairs, flattened: StepFacts.tensor_elements)."""
     return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource=_CPU, params=params, phase=_OPT,
-              variant=setup.cpu_impl, kernels=0, host_waits=host_waits)
+              variant=setup.cpu_impl, kernels=0, host_waits=host_waits, shape=tensors)
 
 
 def _marker(name: str, phase: str) -> Op:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ghsim.graph import ops as K
-from ghsim.graph.offload.ops import _gpu_adam, _marker, copy_op, cpu_adam, cpu_bytes, gpu_cast
+from ghsim.graph.offload.ops import _gpu_adam, _marker, blocking_cast, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload.rewrite import BWD, FWD, New
 from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
 from ghsim.graph.ops import Op, OpGraph, Phase, Resource
@@ -126,7 +126,7 @@ def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_widt
         tensors = max(1, int(facts.n_tensors * gpu_params * setup.shard / max(P, 1)))
         kept = [s.after for s in sources if s.mb == last_mb and s.key not in on_cpu]
         rw.append(new(_gpu_adam(gpu_params, tensors, plan), kept))
-    _host_steps(rw, arrivals, setup, new, widths, duplex_bwd, last_mb, alike)
+    _host_steps(rw, arrivals, setup, new, widths, duplex_bwd, last_mb, alike, facts.tensor_elements)
 
 
 def _cpu_pieces(sources: list[GradSource], target: float) -> tuple[set, float]:
@@ -161,12 +161,17 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
         params = src.params / setup.shard
         at, mb, layer = src.after, src.mb, src.layer
         deps: list = [at]
+        lane = src.stream if setup.grads_on_compute_stream else _D2H
+        if setup.grad_round_trip:  # through the pinned 16-bit buffer and back, on the copies' stream
+            for name, kind in (("grads.to_pinned16", K.D2H), ("grads.from_pinned16", K.H2D)):
+                hop = _shared(alike, (name, params, lane), lambda: copy_op(
+                    name, kind, params * 2, BWD, setup, lane).evolve(pinned=True))
+                deps = [rw.insert_after(at, new(hop, deps, layer, mb))]
         if widths.grad_gpu_cast:
             cast = _shared(alike, ("grads.cast_fp32", params, src.stream),
                            lambda: gpu_cast("grads.cast_fp32", params, BWD, src.stream))
             deps = [rw.insert_after(at, new(cast, deps, layer, mb))]
         nbytes = params * widths.grad
-        lane = src.stream if setup.grads_on_compute_stream else _D2H
         d2h = _shared(alike, ("grads.d2h", nbytes, lane), lambda: copy_op(
             "grads.d2h", K.D2H, nbytes, BWD, setup, lane, _bucket_count(nbytes, setup, widths.bucket_d2h),
             duplex_bwd))
@@ -186,10 +191,12 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
     return arrivals
 
 
-def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: int, alike: dict[tuple, Op]) -> None:
-    """The CPU's AdamW on each piece that arrived, its cast, and the updated parameters back."""
+def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: int, alike: dict[tuple, Op],
+                tensors: tuple[int, ...]) -> None:
+    """The CPU's AdamW on each piece that arrived (priced over the model's `tensors`), its cast, and
+    the updated parameters back."""
     if setup.serial_grad_copies:
-        _zero_offload_step(rw, arrivals, setup, new, widths, last_mb, alike)
+        _zero_offload_step(rw, arrivals, setup, new, widths, last_mb, alike, tensors)
         return
     superoffload = setup.speculative
     main_thread = setup.schedule != OffloadSchedule.SUPEROFFLOAD  # else its CPU-Adam runs in a worker process
@@ -199,11 +206,13 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread))
+        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread, tensors))
         chain = [new(adam, deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
-            cast = _shared(alike, ("params.cast_bf16.cpu", params),
-                           lambda: cpu_bytes("params.cast_bf16.cpu", params * 6, OPT, main_thread))
+            # before DeepSpeed stage 3's blocking copy up, torch casts on the training thread
+            cast = _shared(alike, ("params.cast_bf16.cpu", params), lambda: blocking_cast(
+                "params.cast_bf16.cpu", params, OPT) if setup.pageable_param_return else cpu_bytes(
+                "params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]
         if returns:
@@ -267,7 +276,8 @@ def _host_clip(rw, arrivals, setup, new, last_mb: int, alike: dict[tuple, Op]):
     return _in_turn(rw, arrivals, [a for a, _, _ in arrivals], passes, new, last_mb, alike)
 
 
-def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op]) -> None:
+def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, alike: dict[tuple, Op],
+                       tensors: tuple[int, ...]) -> None:
     """DeepSpeed 0.19's ZeRO-Offload step at stage 1/2 (stage_1_and_2.py, one parameter group),
     as its profiler trace shows it (validation/measured_libraries): once every fp32 gradient is
     on the host, the training thread reads them for the global norm, scales them in place when
@@ -276,7 +286,7 @@ def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, a
     passes = [("grads.norm.cpu", lambda p: cpu_bytes("grads.norm.cpu", p * 4, OPT, True))]
     if setup.grad_clip:
         passes.append(("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
-    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True)))
+    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True, tensors)))
     if widths.param_cpu_cast:
         passes.append(("params.cast_bf16.cpu", lambda p: cpu_bytes("params.cast_bf16.cpu", p * 6, OPT, True)))
     if not setup.params:
@@ -303,18 +313,23 @@ def _sync_optimizer(rw, facts, setup, new, grad_width, cpu_params, gpu_params, p
     """Plain PyTorch after backward (validation/harness/train_step.py): every gradient copied to
     pinned host memory on the compute stream, a sync, torch's AdamW on the CPU, the
     parameters copied back, a sync. Gradients stay allocated on the GPU (p.grad).
+    The host masters are fp32; with 16-bit weights on the GPU each non_blocking copy_ casts on
+    the GPU and moves fp32 both ways (torch's copy_ between devices; the plain loop's trace:
+    12.85 GB down and up for 3.2e9 bf16 parameters, offload_calibration.py cast_copies: 52 GB/s).
     `ready`: ops after which every gradient is final (the last reductions, with several GPUs)."""
     if gpu_params > 0:
         rw.append(new(_gpu_adam(gpu_params, facts.n_tensors, plan), ready))
     if cpu_params <= 0:
         return
     tensors = max(1, int(facts.n_tensors * cpu_params / max(facts.trainable, 1)))
-    d2h_op = copy_op("grads.d2h", K.D2H, cpu_params * grad_width, OPT, setup, _GPU, tensors)
+    # one tensor's fp32 copy exists at a time: its transient HBM is left out
+    cast = gpu_cast("grads.cast_fp32", cpu_params, OPT).evolve(hbm_transient=0.0, kernels=tensors)
+    if grad_width < 4:
+        ready = [rw.append(new(cast, ready))]
+    d2h_op = copy_op("grads.d2h", K.D2H, cpu_params * 4, OPT, setup, _GPU, tensors)
     d2h = rw.append(new(d2h_op.evolve(host_waits=True), ready))
-    adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True), [d2h]))
-    width = facts.gpu_param_width
-    last = adam
-    if width == 2:
-        last = rw.append(new(cpu_bytes("params.cast_bf16.cpu", cpu_params * 6, OPT, True), [adam]))
-    h2d_op = copy_op("params.h2d", K.H2D, cpu_params * width, OPT, setup, _GPU, tensors)
-    rw.append(new(h2d_op.evolve(host_waits=True), [last]))
+    adam = rw.append(new(cpu_adam("cpu_adamw", cpu_params, setup, True, facts.tensor_elements), [d2h]))
+    h2d_op = copy_op("params.h2d", K.H2D, cpu_params * 4, OPT, setup, _GPU, tensors)
+    last = rw.append(new(h2d_op.evolve(host_waits=facts.gpu_param_width == 4), [adam]))
+    if facts.gpu_param_width < 4:
+        rw.append(new(cast.evolve(name="params.cast_bf16", host_waits=True), [last]))

@@ -4,9 +4,11 @@ become ready, and what crosses the link (Widths, decided by cost/offload_policy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
+from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.ops import Resource
 from ghsim.graph.optimizer import resolve_cpu_optimizer
 from ghsim.plan import CpuOptimizer, Framework, OffloadSchedule, Plan, Recompute
@@ -47,6 +49,13 @@ class OffloadSetup:
     # self.clip_grad"), and _step_with_clipping steps sub-group by sub-group after backward
     speculative: bool = False
     grad_clip: bool = False
+    # DeepSpeed 0.19 ZeRO-3 with offload_optimizer (stage3.py partition_grads): each 16-bit gradient
+    # partition is copied into the pinned 16-bit flat buffer and straight back to the GPU
+    # (grad_buffer.to(device)) before its fp32 copy leaves; its traces: 6.4 GB each way for 3.2e9
+    # parameters on the reduction stream
+    grad_round_trip: bool = False
+    # the host buffers were allocated pinned (pin_memory), whatever later made copies pageable
+    host_pinned_blocks: bool = True
 
     @property
     def any(self) -> bool:
@@ -98,7 +107,28 @@ def resolve(plan: Plan) -> OffloadSetup:
         or clipped_superoffload,
         speculative=schedule == OffloadSchedule.SUPEROFFLOAD and not plan.grad_clip,
         grad_clip=plan.grad_clip,
+        grad_round_trip=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
+        and schedule != OffloadSchedule.SYNC,
+        host_pinned_blocks=plan.offload_pinned,
     )
+
+
+def deepspeed_sub_group_ratio(plan: Plan, trainable: float) -> tuple[Plan, str | None]:
+    """The plan with the offload_ratio DeepSpeed ZeRO-3 really runs, and a note when it differs.
+    Stage 3 splits the optimizer by whole sub-groups of sub_group_size parameters (default 1e9):
+    the first int((1 - ratio) x sub-groups) stay on the GPU (stage3.py subgroup_to_device), so a
+    3B model's 4 sub-groups at ratio 0.9 all go to the CPU."""
+    if not (plan.framework == Framework.DEEPSPEED and plan.zero == 3 and plan.offload_ratio < 1
+            and "optimizer" in plan.offload):
+        return plan, None
+    shard = plan.dp if plan.zero >= 1 else 1
+    groups = max(1, math.ceil(trainable / shard / SUB_GROUP_PARAMS))
+    ratio = 1 - int((1 - plan.offload_ratio) * groups) / groups
+    if abs(ratio - plan.offload_ratio) < 1e-9:
+        return plan, None
+    return plan.with_(offload_ratio=ratio), (
+        f"DeepSpeed ZeRO-3 offloads whole sub-groups ({groups} of up to {SUB_GROUP_PARAMS:.0e} parameters per GPU): "
+        f"offload ratio {plan.offload_ratio:g} runs as {ratio:g}")
 
 
 def check_offload(plan: Plan) -> None:
@@ -134,6 +164,7 @@ class StepFacts:
     gpu_param_width: int  # bytes per parameter the GPU computes with (fp32 under torch-amp)
     layer_params: float  # parameters of one decoder layer (all, trainable or not)
     grad_width: float = 0.0  # bytes per gradient element; 0: from the graph's gradient allocations
+    tensor_elements: tuple[int, ...] = ()  # the trainable tensors' sizes, (elements, count) pairs flattened
 
 
 @dataclass(frozen=True)
