@@ -61,6 +61,7 @@ class Cpu:
     model: str
     cores: int
     adamw_params_per_s: float
+    page_size_kb: float = 4.0  # the OS's base page: what a first touch of fresh host memory faults in
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
             model=str(cpu_t.get("model", "")),
             cores=int(f.figure(cpu_t, "cores", "cpu")),
             adamw_params_per_s=f.figure(cpu_t, "adamw_params_per_s", "cpu"),
+            page_size_kb=_page_size_kb(f, cpu_t),
         ),
         gpu_link=_link(f, gl_t, "gpu_link", per_peer=True),
         gpus_per_node=gpus_per_node,
@@ -186,6 +188,16 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
         source_file=where,
         raw=d,
     )
+
+
+def _page_size_kb(f: _Profile, t: dict[str, Any]) -> float:
+    """The host OS's base page (x86 Linux: 4 KiB, when the profile does not say)."""
+    if "page_size_kb" not in t:
+        return 4.0
+    v = f.figure(t, "page_size_kb", "cpu")
+    if not 1 <= v < math.inf:
+        raise GhsimError(f"{f.where} [cpu]: 'page_size_kb' must be at least 1 (KiB)")
+    return v
 
 
 def _host_path_factor(f: _Profile, t: dict[str, Any]) -> float:

@@ -4,6 +4,8 @@ validation/measured_libraries, priced from the microbenchmarks in _raw/offload_c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,3 +130,23 @@ def test_deepspeed_host_buffers_come_in_power_of_two_pinned_blocks():
     z3 = simulate(model, H100, _plan(framework=Framework.DEEPSPEED, zero=3, offload=OPT)).host.breakdown
     assert z3["master_params"] == pytest.approx(4 * p)  # pageable: stage 3 clones them to the CPU
     assert z3["grads"] == 8 * 2**32 + pinned_block(4 * (p - 8e9))  # 8 full sub-groups of 1e9 and the rest
+
+
+def test_a_fresh_host_tensor_faults_in_by_the_hosts_page_size():
+    """torch's cast into a fresh pageable tensor (ZeRO-3's parameter return) is mostly page faults on the
+    measured 4 KiB host: a host with 64 KiB pages (Grace) pays the faults' fixed part on 1/16 of the pages,
+    the bytes (cast, kernel zeroing) in full; a profile's page size must be a real size."""
+    from ghsim.cost.library_overheads import blocking_cast_seconds_per_param
+    from ghsim.errors import GhsimError
+    from ghsim.hardware import hardware_from_dict, load_hardware
+    from ghsim.tomlio import read_toml
+
+    x86, grace = (load_hardware(n).cpu.page_size_kb for n in ("h100-sxm", "gh200-96gb"))
+    assert (x86, grace) == (4.0, 64.0)
+    at_4k, at_64k = blocking_cast_seconds_per_param(x86), blocking_cast_seconds_per_param(grace)
+    assert 0.3 * at_4k < at_64k < at_4k
+    assert blocking_cast_seconds_per_param(2048.0) < at_64k  # more pages' worth per fault: cheaper still
+    d = read_toml(Path(__file__).resolve().parents[1] / "hardware_profiles" / "gh200-96gb.toml")
+    d["cpu"]["page_size_kb"] = {"value": 0, "source": "test"}
+    with pytest.raises(GhsimError, match="page_size_kb"):
+        hardware_from_dict(d, "test.toml")

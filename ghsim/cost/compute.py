@@ -195,7 +195,7 @@ class CostModel:
             fwd_s, bwd_s = zero3_hook_seconds()
             return op.params * (bwd_s if op.phase == Phase.BWD else fwd_s)
         if op.variant == BLOCKING_CAST:
-            return op.params * blocking_cast_seconds_per_param()
+            return op.params * blocking_cast_seconds_per_param(self.hw.cpu.page_size_kb)
         return op.seconds
 
     def cpu_optimizer_time(self, params: float, impl: str, tensors: tuple[float, ...] = ()) -> float:
