@@ -1,34 +1,25 @@
 """Uneven pipeline splits (--pp-layers): each stage built with its own decoder layers, the schedule
 fed each stage's times, memory per stage; an even split stated explicitly changes nothing."""
 
-import os
-
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ghsim.cli import main
 from ghsim.errors import GhsimError
-from ghsim.hardware import load_hardware
-from ghsim.model import ModelSpec
 from ghsim.plan import Plan, plan_from_dict
 from ghsim.plan_toml import plan_to_toml
 from ghsim.simulate import chunk_kinds, chunk_run, prepare, simulate
-from synthetic import synthetic_calibration
-
-CAL = synthetic_calibration()
-H100 = load_hardware("h100-sxm")
-TINY = ModelSpec(name="tiny", hidden_size=512, intermediate_size=1408, num_layers=8, num_attention_heads=8,
-                 num_kv_heads=4, head_dim=64, vocab_size=32000)
-EXAMPLES = int(os.environ.get("GHSIM_PROPERTY_EXAMPLES", "8"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize="GHSIM_PROPERTY_EXAMPLES" not in os.environ,
-                    suppress_health_check=[HealthCheck.too_slow])
+from test_multigpu_properties import CAL, H100, SETTINGS, TINY  # TINY: 8 decoder layers
 
 
 def splits(pp: int):
-    """Decoder layers per stage adding up to TINY's 8, each stage at least one."""
-    return st.lists(st.integers(1, 8 - pp + 1), min_size=pp, max_size=pp).filter(lambda s: sum(s) == 8)
+    """Decoder layers per stage adding up to TINY's 8, each stage at least one: pp - 1 cut points."""
+    def layers(cuts):
+        bounds = [0, *sorted(cuts), TINY.num_layers]
+        return [b - a for a, b in zip(bounds, bounds[1:])]
+    return st.lists(st.integers(1, TINY.num_layers - 1), min_size=pp - 1, max_size=pp - 1, unique=True).map(layers)
 
 
 @SETTINGS
