@@ -284,7 +284,7 @@ def parse_pp_layers(value: Any, where: str = "--pp-layers") -> tuple[int, ...]:
     layers = []
     for item in items:
         text = str(item).strip()
-        if isinstance(item, bool) or not text.lstrip("-").isdigit():
+        if isinstance(item, bool) or not (text.isascii() and text.lstrip("-").isdigit()):
             raise GhsimError(f"{where} must list whole numbers of decoder layers per stage, e.g. 11,13; got {value!r}")
         layers.append(int(text))
     return tuple(layers)
