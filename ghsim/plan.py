@@ -120,6 +120,10 @@ class Plan:
     ep: int = 1
     sequence_parallel: bool = False  # Megatron sequence parallelism (with tp > 1)
     pp_interleave: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
+    # decoder layers of each pipeline stage, first to last (); (): an even split. The embedding sits on the
+    # first stage, the LM head and loss on the last (Megatron's --decoder-first/last-pipeline-num-layers,
+    # DeepSpeed PipelineModule's partition_method / layer_partitioning)
+    pp_layers: tuple[int, ...] = ()
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS  # the projections with adapters (LORA_TARGETS names)
     fused_norm: bool = False  # eager frameworks: torch.nn.RMSNorm (one kernel each way) for HF's RMSNorm
@@ -178,6 +182,10 @@ class Plan:
         d["cpu_optimizer"] = self.cpu_optimizer.value
         d["lora_targets"] = list(self.lora_targets)
         d["offload"] = sorted(self.offload)
+        if self.pp_layers:
+            d["pp_layers"] = list(self.pp_layers)
+        else:  # an even split: reports stay as they were before the field existed
+            del d["pp_layers"]
         d["global_batch"] = self.resolved_global_batch
         d["grad_accum"] = self.grad_accum
         d["dp"] = self.dp
@@ -209,6 +217,8 @@ class Plan:
             parts.append("--sequence-parallel")
         if self.pp_interleave > 1:
             parts.append(f"--pp-interleave {self.pp_interleave}")
+        if self.pp_layers:
+            parts.append(f"--pp-layers {','.join(map(str, self.pp_layers))}")
         if self.lora_rank:
             parts.append(f"--lora-rank {self.lora_rank}")
             if self.lora_targets != LORA_TARGETS:
@@ -264,6 +274,22 @@ def parse_offload(value: Any) -> frozenset[str]:
     return targets
 
 
+def parse_pp_layers(value: Any, where: str = "--pp-layers") -> tuple[int, ...]:
+    """Decoder layers per pipeline stage: '11,13' or a list of integers; '' or [] for an even split."""
+    if value in (None, "", "even"):
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if items is None:
+        raise GhsimError(f"{where} must list decoder layers per pipeline stage, e.g. 11,13; got {value!r}")
+    layers = []
+    for item in items:
+        text = str(item).strip()
+        if isinstance(item, bool) or not (text.isascii() and text.lstrip("-").isdigit()):
+            raise GhsimError(f"{where} must list whole numbers of decoder layers per stage, e.g. 11,13; got {value!r}")
+        layers.append(int(text))
+    return tuple(layers)
+
+
 def parse_lora_targets(value: Any) -> tuple[str, ...]:
     """'all', 'peft' (peft's Llama default: q_proj, v_proj), or a comma list of projections by
     peft's names or short ones (q, k, v, o, gate, up, down); in LORA_TARGETS order."""
@@ -310,6 +336,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = parse_offload(value)
         elif key == "lora_targets":
             kw[key] = parse_lora_targets(value)
+        elif key == "pp_layers":
+            kw[key] = parse_pp_layers(value, f"{where}: pp_layers")
         elif key == "offload_schedule":
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
         elif key == "cpu_optimizer":
@@ -373,6 +401,10 @@ def check_plan(plan: Plan) -> None:
     if plan.fp8_params and (plan.precision != Precision.FP8 or not plan.framework.fused_kernels):
         raise GhsimError("--fp8-params keeps Megatron's working weights in fp8 (--fp8-param-gather): it needs "
                          "--precision fp8 and --framework megatron")
+    if plan.pp_layers and len(plan.pp_layers) != plan.pp:
+        raise GhsimError(f"--pp-layers lists {len(plan.pp_layers)} stage(s) but --pp is {plan.pp}")
+    if plan.pp_layers and plan.pp_interleave > 1:
+        raise GhsimError("--pp-layers with --pp-interleave is not modeled: an uneven split is one chunk per stage")
     if plan.global_batch and plan.global_batch % (plan.dp * plan.micro_batch):
         raise GhsimError(
             f"--global-batch {plan.global_batch} is not a multiple of data-parallel ranks x micro-batch "
@@ -389,6 +421,8 @@ def check_values(plan: Plan) -> None:
     for name in ("global_batch", "lora_rank", "gpus_per_node", "dataloader_workers", "cpu_threads"):
         if getattr(plan, name) < 0:
             raise GhsimError(f"--{name.replace('_', '-')} must not be negative")
+    if any(n < 1 for n in plan.pp_layers):
+        raise GhsimError(f"--pp-layers: every stage needs at least 1 decoder layer, got {','.join(map(str, plan.pp_layers))}")
     if plan.zero not in (0, 1, 2, 3):
         raise GhsimError(f"--zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.batch_prep_s < 0:

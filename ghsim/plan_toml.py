@@ -49,5 +49,9 @@ def plan_to_toml(plan: Plan, comment: str = "", model: str = "", hardware: Hardw
             v = plan.resolved_global_batch
         if f.name == "gpus_per_node" and not v and hardware is not None:
             v = hardware.gpus_per_node
+        if f.name == "pp_layers":  # in stage order (not a set); absent for an even split, as before the field
+            if v:
+                lines.append(f"pp_layers = [{', '.join(map(str, v))}]")
+            continue
         lines.append(f"{f.name} = {_value(v)}")
     return "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ parallelism, ZeRO, offload, unified memory; one GPU is the degenerate layout
 
 Two levels, so that 1024 GPUs cost no more than a few ranks:
 
-1. For each kind of pipeline chunk (the first holds the embedding, the last the
+1. For each kind of pipeline chunk (its decoder layers; the first holds the embedding, the last the
    loss, the others are alike), one representative rank's micro-batch is built
    at kernel granularity (graph/parallel.py) and run in the event engine, with
    its collectives on their own link streams and communication kernels slowing
@@ -188,13 +188,13 @@ def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> C
     )
 
 
-Runs = dict[tuple[bool, bool], tuple[MicrobatchRun, MicrobatchRun]]  # chunk kind -> (final, middle) micro-batch
+Runs = dict[Chunk, tuple[MicrobatchRun, MicrobatchRun]]  # chunk kind -> (final, middle) micro-batch
 
 
-def chunk_kinds(layout: Layout) -> list[tuple[bool, bool]]:
-    """(holds the embedding, holds the loss) of each pipeline chunk; the others are alike."""
-    J = layout.chunks
-    return [(j == 0, j == J - 1) for j in range(J)]
+def chunk_kinds(layout: Layout, num_layers: int) -> list[Chunk]:
+    """The kind of each pipeline chunk: its decoder layers, and whether it holds the embedding or
+    the loss; chunks of one kind are alike (an even split has at most three kinds)."""
+    return layout.chunks_of(num_layers)
 
 
 def chunk_graph(model: ModelSpec, plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool],
@@ -257,21 +257,22 @@ def chains_microbatches(layout: Layout, plan: Plan) -> bool:
     return layout.gpus == 1 and plan.grad_accum > 1
 
 
-def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, layers: int) -> Runs:
-    """Each kind of chunk, `layers` decoder layers long, at kernel level: the step's last
-    micro-batch and (with gradient accumulation) one in the middle of the step; on one GPU,
-    the whole step (every micro-batch in a row) as its 'last micro-batch'."""
+def run_chunks(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> Runs:
+    """Each kind of chunk at kernel level: the step's last micro-batch and (with gradient
+    accumulation) one in the middle of the step; on one GPU, the whole step (every micro-batch
+    in a row) as its 'last micro-batch'."""
     runs: Runs = {}
-    for kind in set(chunk_kinds(rank.layout)):
+    for chunk in set(chunk_kinds(rank.layout, model.num_layers)):
+        layers, kind = chunk.layers, (chunk.first, chunk.last)
         if chains_microbatches(rank.layout, plan):
             middle = _runnable(model, hw, plan, rank, layers, kind, False)
             step = _chain([middle] * (plan.grad_accum - 1) + [_runnable(model, hw, plan, rank, layers, kind, True)],
                           loader_seconds(plan) if plan.batch_prep_s > 0 and plan.dataloader_workers else 0.0)
             run = run_microbatch(step, hw, rank.rank.cost, plan, rank.prices)
-            runs[kind] = (run, run)
+            runs[chunk] = (run, run)
             continue
         final = chunk_run(model, hw, plan, rank, layers, kind, True)
-        runs[kind] = (final, chunk_run(model, hw, plan, rank, layers, kind, False) if plan.grad_accum > 1 else final)
+        runs[chunk] = (final, chunk_run(model, hw, plan, rank, layers, kind, False) if plan.grad_accum > 1 else final)
     return runs
 
 
@@ -312,13 +313,12 @@ def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild,
     M = plan.grad_accum
     if M < 2:
         return 0.0
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
-    per_chunk = model.num_layers // layout.chunks
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     kinds = sorted(set(kind_of), key=kind_of.count, reverse=True)
     busy = [0.0] * layout.pp  # each stage's known compute-stream seconds
     middle = {}
     for kind in kinds:
-        middle[kind] = run = chunk_run(model, hw, plan, rank, per_chunk, kind, False)
+        middle[kind] = run = chunk_run(model, hw, plan, rank, kind.layers, (kind.first, kind.last), False)
         for j, k in enumerate(kind_of):
             if k == kind:
                 busy[j % layout.pp] += (M - 1) * run.times["t_bwd"]
@@ -368,7 +368,7 @@ def _send_time(model: ModelSpec, plan: Plan, rank: PlanBuild) -> float:
 def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
                     ) -> tuple[list[ChunkTimes], list[StageTail]]:
     """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     send_s = _send_time(model, plan, rank)
     chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
     tails = []
@@ -415,9 +415,8 @@ def step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> 
 
 
 def _step_memory(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> StepMemory:
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
-    per_chunk = model.num_layers // layout.chunks
-    finals = {kind: chunk_graph(model, plan, rank, per_chunk, kind, True) for kind in set(kind_of)}
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
+    finals = {kind: chunk_graph(model, plan, rank, kind.layers, (kind.first, kind.last), True) for kind in set(kind_of)}
     stages = [_stage_memory(model, plan, layout, d, finals, kind_of, rank.rank.host_side.node_gpus, rank.offload)
               for d in range(layout.pp)]
     worst = max(range(layout.pp), key=lambda d: stages[d][0].peak_bytes)
@@ -476,10 +475,9 @@ def _stepped(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
              fabric: Fabric | None, host_side: HostSide | None, rank: PlanBuild | None) -> steady_state.Stepped:
     rank = rank or prepare(model, hw, plan, calibration, fabric, host_side)
     layout = rank.layout
-    per_chunk = model.num_layers // layout.chunks
-    kind_of = chunk_kinds(layout)
+    kind_of = chunk_kinds(layout, model.num_layers)
     um = unified_memory_of(model, hw, plan, rank) if plan.unified_memory else None
-    runs = run_chunks(model, hw, plan, rank, per_chunk)
+    runs = run_chunks(model, hw, plan, rank)
     # a data-loader pool paces the micro-batches (chained ones wait for it at kernel level)
     pool = plan.batch_prep_s > 0 and plan.dataloader_workers > 0 and not chains_microbatches(layout, plan)
     M = 1 if chains_microbatches(layout, plan) else plan.grad_accum  # a chain is the step's one 'micro-batch'
@@ -496,12 +494,11 @@ def unified_memory_of(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuil
     """What spills under --unified-memory and comes back each step (one GPU: graph/unified_memory.py),
     from the replay of the step's last micro-batch. Built once per plan."""
     if rank.unified_memory is None:
-        layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+        layout = rank.layout
         if layout.chunks > 1:
             raise GhsimError("--unified-memory with pipeline stages is not modeled: what spills depends on "
                              "every stage's in-flight micro-batches (use --offload)")
-        per_chunk = model.num_layers // layout.chunks
-        final = chunk_graph(model, plan, rank, per_chunk, kind_of[0], True)
+        final = chunk_graph(model, plan, rank, model.num_layers, (True, True), True)
         static = rank_states(plan, layout.dp, stage_params(model, plan, layout, 0), rank.offload).hbm
         rank.unified_memory = unified_memory_use(final.graph, static, hw, plan.grad_accum)
     return rank.unified_memory

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ghsim.cost.device_memory import device_total_bytes
+from ghsim.cost.device_memory import device_total_bytes, nccl_buffer_bytes
 from ghsim.errors import GhsimError
+from ghsim.graph.parallel import Layout
 from ghsim.validate.cases import case_hardware, load_case, summary, validate
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
@@ -39,8 +40,11 @@ def test_every_published_gh200_case_is_simulated_on_the_quad_node(sailor, eth):
 
 def test_sailor_accuracy_does_not_regress(sailor):
     s = summary(sailor)
-    assert s["step_time_rel"]["median"] <= 0.15
-    assert s["peak_memory_rel"]["median"] <= 0.12  # today 0.109 against the device total (0.127 before)
+    # 0.170 since the cases state Sailor's uneven pipeline split (13 blocks + head on the last of 2 stages):
+    # ghsim's per-block fp32 price (11-17 % slow at PP 1) now shows at PP 2 too; 0.130 with the even split
+    assert s["step_time_rel"]["median"] <= 0.18
+    # 0.040 against the device total with the split and NCCL's buffers (0.109 before, 0.127 against the allocated peak)
+    assert s["peak_memory_rel"]["median"] <= 0.05
     big_batches = [r for r in sailor if r.case.plan.micro_batch >= 4]
     assert all(abs(r.errors["step_time_rel"]) <= 0.20 for r in big_batches)
 
@@ -69,7 +73,9 @@ def test_nvidia_smi_peaks_are_compared_with_the_predicted_device_total(sailor, e
     for r in sailor:
         assert r.case.peak_memory_kind == "nvidia-smi"
         allocated = r.predicted["peak_allocated_bytes"]
-        assert r.predicted["peak_memory_bytes"] == pytest.approx(device_total_bytes(allocated))
+        nccl = nccl_buffer_bytes(Layout.of(r.case.plan, case_hardware(r.case)).groups())
+        assert 0 < nccl < 0.5e9  # the tensor-parallel ring at least; a few hundred MB at most on these plans
+        assert r.predicted["peak_memory_bytes"] == pytest.approx(device_total_bytes(allocated, nccl))
         assert r.predicted["peak_memory_bytes"] > allocated
     for r in eth:  # torch max allocated: compared with the replayed peak itself
         assert r.case.peak_memory_kind == "allocated" and "peak_allocated_bytes" not in r.predicted
@@ -88,3 +94,16 @@ def test_the_device_total_adds_a_context_and_a_reserve_that_grows_with_the_peak(
     beyond = [device_total_bytes(a) - a for a in peaks]
     assert beyond[0] > 0  # the CUDA context alone
     assert all(later > earlier for earlier, later in zip(beyond, beyond[1:]))  # the allocator's reserve
+
+
+def test_nccl_buffers_grow_with_the_communicators_a_plan_creates():
+    """No communicator, no buffers; an NVLink ring holds channels x (LL + LL128 + Simple) FIFOs; a ring
+    across nodes adds the sender's LL128 + Simple; a pipeline adds its send/recv FIFOs."""
+    def nccl(gpus, tp, pp, dp):
+        return nccl_buffer_bytes(Layout(gpus, tp, pp, dp, 1, 4).groups())
+
+    assert nccl(1, 1, 1, 1) == 0.0
+    fifo = 524288 + 4915200 + 4194304  # NCCL's default LL, LL128 and Simple FIFOs (src/init.cc)
+    assert nccl(4, 4, 1, 1) == pytest.approx(16 * fifo)  # 16 NVLink ring channels (assumed)
+    assert nccl(8, 4, 1, 2) > nccl(4, 4, 1, 1) < nccl(8, 4, 2, 1)
+    assert nccl(8, 4, 1, 2) == nccl(128, 4, 1, 32)  # a ring's connections do not grow with its size

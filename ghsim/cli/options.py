@@ -83,6 +83,10 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--sequence-parallel", is_flag=True, default=None,
                      help="Megatron sequence parallelism with --tp (norms and residuals split over the sequence)."),
         click.option("--pp-interleave", type=INT, default=None, help="Model chunks per pipeline stage (interleaved 1F1B)."),
+        click.option("--pp-layers", default=None,
+                     help="Decoder layers of each pipeline stage, e.g. 11,13 (default: an even split); the embedding "
+                          "is on the first stage, the LM head and loss on the last (Megatron's "
+                          "--decoder-first/last-pipeline-num-layers, DeepSpeed's partition_method)."),
         click.option("--lora-rank", type=INT, default=None),
         click.option("--lora-targets", default=None,
                      help="Projections with LoRA adapters: all (default), peft (peft's Llama default: q_proj,v_proj) "
@@ -140,7 +144,7 @@ FLAG_TO_FIELD = {
     "offload": "offload", "offload_ratio": "offload_ratio", "offload_schedule": "offload_schedule",
     "offload_pinned": "offload_pinned", "unified_memory": "unified_memory", "tp": "tp",
     "pp": "pp", "ep": "ep", "lora_rank": "lora_rank", "lora_targets": "lora_targets", "cuda_graphs": "cuda_graphs",
-    "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave",
+    "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave", "pp_layers": "pp_layers",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
     "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile",

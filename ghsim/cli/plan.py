@@ -96,9 +96,12 @@ def base_and_pins(kw: dict[str, Any]):
     from ghsim.search.space import default_global_batch
 
     baseline = None
+    if kw.get("pp_layers") is not None:
+        raise GhsimError("--pp-layers fixes one pipeline split; ghsim plan searches even splits (run the split "
+                         "with ghsim simulate --pp-layers)")
     if kw.get("plan_file") or kw.get("ds_file"):
         baseline = plan_from_flags(kw)
-        given = baseline
+        given = baseline.with_(pp_layers=())  # the user's split is theirs; the search splits evenly
     else:
         fields = {f: kw[flag] / 1e3 if flag == "batch_prep_ms" else kw[flag]
                   for flag, f in FLAG_TO_FIELD.items() if kw.get(flag) is not None and f not in _PINNABLE}

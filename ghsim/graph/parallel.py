@@ -72,12 +72,13 @@ class Layout:
     gpus_per_node: int
     interleave: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
     sequence_parallel: bool = False
+    stage_layers: tuple[int, ...] = ()  # decoder layers of each stage (Plan.pp_layers); (): an even split
 
     @staticmethod
     def of(plan: Plan, hw: Hardware) -> "Layout":
         per_node = plan.gpus_per_node or min(hw.gpus_per_node, plan.gpus)
         return Layout(plan.gpus, plan.tp, plan.pp, plan.dp, plan.ep, min(per_node, plan.gpus),
-                      plan.pp_interleave, plan.sequence_parallel)
+                      plan.pp_interleave, plan.sequence_parallel, plan.pp_layers)
 
     @property
     def nodes(self) -> int:
@@ -87,6 +88,13 @@ class Layout:
     def chunks(self) -> int:
         """Pipeline chunks (virtual stages) the layers are cut into."""
         return self.pp * self.interleave
+
+    def chunks_of(self, num_layers: int) -> list["Chunk"]:
+        """Each pipeline chunk (virtual stage j, in model order): its decoder layers, and whether
+        it holds the embedding (the first) or the loss (the last)."""
+        J = self.chunks
+        layers = self.stage_layers or (num_layers // J,) * J
+        return [Chunk(layers[j], j == 0, j == J - 1) for j in range(J)]
 
     def _group(self, name: str, size: int, stride: int) -> Group:
         per_node = min(size, max(1, self.gpus_per_node // stride))
@@ -120,7 +128,11 @@ def check_layout(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
     if model.num_kv_heads % tp:
         raise GhsimError(f"--tp {tp} does not divide {model.name}'s {model.num_kv_heads} key/value heads "
                          "(Megatron would replicate them; not modeled)")
-    if model.num_layers % (pp * v):
+    if plan.pp_layers:
+        if sum(plan.pp_layers) != model.num_layers:
+            raise GhsimError(f"--pp-layers {','.join(map(str, plan.pp_layers))} adds up to {sum(plan.pp_layers)} "
+                             f"decoder layers; {model.name} has {model.num_layers}")
+    elif model.num_layers % (pp * v):
         what = f"pp*interleave = {pp}*{v}" if v > 1 else f"--pp {pp}"
         raise GhsimError(f"{what} does not divide {model.name}'s {model.num_layers} layers")
     if ep > 1:
@@ -202,21 +214,14 @@ def chunk_params(model: ModelSpec, plan: Plan, layout: Layout, chunk: Chunk,
                        emb, head)
 
 
-def stage_chunks(layout: Layout, stage: int) -> list[tuple[bool, bool]]:
-    """(holds the embedding, holds the loss) of each chunk of a pipeline stage."""
-    J = layout.chunks
-    return [(j == 0, j == J - 1) for j in range(stage, J, layout.pp)]
-
-
 def stage_params(model: ModelSpec, plan: Plan, layout: Layout, stage: int,
                  local: ModelSpec | None = None) -> StageParams:
     """The parameters one GPU of pipeline stage `stage` holds, over its chunks (`local`: the
     rank's shard, when the caller has it)."""
-    per_chunk = model.num_layers // layout.chunks
     local = local or rank_shard(model, layout)
     params = trainable = outside = 0.0
-    for first, last in stage_chunks(layout, stage):
-        cp = chunk_params(model, plan, layout, Chunk(per_chunk, first, last), local)
+    for chunk in layout.chunks_of(model.num_layers)[stage::layout.pp]:
+        cp = chunk_params(model, plan, layout, chunk, local)
         params, trainable = params + cp.params, trainable + cp.trainable
         outside += cp.embedding_params + cp.head_params
     blocks = pinned_tensor_blocks(trainable_tensor_sizes(model, plan, layout.tp * (layout.dp if plan.zero >= 1 else 1)))

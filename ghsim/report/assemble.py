@@ -151,12 +151,19 @@ def _parallel_section(s: SteppedPlan, busy: list[float], rep: int, breakdown: di
                     "memory_breakdown": {k: float(b) for k, b in stage_mem[d][0].breakdown.items()},
                     "model_state_bytes": s.model_states[d]}
                    for d in range(layout.pp)],
-        "microbatch": {("first" if k[0] else "") + ("last" if k[1] else "") or "middle":
+        **({"stage_layers": list(layout.stage_layers)} if layout.stage_layers else {}),
+        "microbatch": {_kind_name(k, bool(layout.stage_layers)):
                        {"forward_s": r[0].times["t_fwd"], "backward_s": r[0].times["t_bwd"] - r[0].times["t_fwd"],
                         "grad_reduction_tail_s": max(0.0, r[0].times["t_dp"] - r[0].times["t_bwd"]),
                         "optimizer_s": r[0].times["t_opt"] - max(r[0].times["t_bwd"], r[0].times["t_dp"])}
                        for k, r in s.runs.items()},
     }
+
+
+def _kind_name(chunk, uneven: bool) -> str:
+    """first / last / firstlast / middle; an uneven split's middle chunks differ in layers, so say them."""
+    name = ("first" if chunk.first else "") + ("last" if chunk.last else "") or "middle"
+    return f"{name} ({chunk.layers} layers)" if uneven else name
 
 
 def _ops_by_stage(pipe: PipelineRun, pp: int) -> tuple[list[list[int]], list[float]]:

@@ -57,7 +57,9 @@ GIVEN = ("gpus", "gpus_per_node", "seq", "global_batch", "lora_rank", "dataloade
          "offload_pinned", "framework", "optimizer_impl", "lora_targets", "fused_norm", "rope_cast", "compile",
          "fp8_recipe", "fp8_params",
          # the host's CPU optimizer as the user's library runs it: facts, not choices
-         "cpu_optimizer", "cpu_threads", "cpu_cores_share", "grad_clip")
+         "cpu_optimizer", "cpu_threads", "cpu_cores_share", "grad_clip",
+         # the pipeline split: the search keeps the even one (ghsim plan refuses --pp-layers)
+         "pp_layers")
 
 
 @dataclass(frozen=True)

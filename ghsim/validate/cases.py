@@ -15,9 +15,10 @@ from typing import Any
 
 from ghsim.cost.calibration import load_calibration
 from ghsim.cost.cpu_optimizer import ADAMW_STREAM_BYTES, curve_of
-from ghsim.cost.device_memory import device_total_bytes
+from ghsim.cost.device_memory import device_total_bytes, nccl_buffer_bytes
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES
+from ghsim.graph.parallel import Layout
 from ghsim.hardware import apply_overrides, hardware_from_dict, load_hardware
 from ghsim.model import load_model, model_from_dict
 from ghsim.plan import CpuOptimizer, Plan, plan_from_dict
@@ -218,7 +219,7 @@ def run_case(case: Case, with_trace: bool = True) -> CaseResult:
                  "host_peak_bytes": report.host.peak_bytes}
     if case.peak_memory_kind == "nvidia-smi":  # like with like: the device total, not live tensors
         predicted["peak_allocated_bytes"] = peak
-        peak = device_total_bytes(peak)
+        peak = device_total_bytes(peak, nccl_buffer_bytes(Layout.of(case.plan, hw).groups()))
     predicted["peak_memory_bytes"] = peak
     errors = {"step_time_rel": report.step_time_s / measured["step_time_s"] - 1}
     if "peak_memory_bytes" in measured:  # published cases may publish no peak

@@ -21,6 +21,17 @@ REPO = "eth-easl/sailor"
 COMMIT = "cf2c8e3cc53ce178fe58a4003f46b4b6b848fc33"
 WHERE = "sailor/Planner/simulations/validation/clariden/OPT-350"
 
+# Decoder blocks per pipeline stage as the runs split them. run_opt.slurm passes no --layers-per-stage, so
+# the fork's OPTModelPipe (third_party/Megatron-DeepSpeed/megatron/model/opt_model.py, lines 627-658: specs
+# _to_float16, OPTEmbeddingPipe, transpose, 24 blocks, OPTLMHeadPipe; no fp32 cast spec without --fp16/--bf16)
+# hands its 28 specs to DeepSpeed's PipelineModule with partition_method='uniform' (line 717), which the
+# repository's deepspeed/module.py (lines 410-412, copied over DeepSpeed's by the Dockerfile, line 49)
+# cuts with partition_uniform (deepspeed/utils.py, lines 562-580) into equal counts of specs: 14+14 at
+# PP 2 (embedding + blocks 0-10, then blocks 11-23 + head) and 7+7+7+7 at PP 4 (embedding + blocks 0-3,
+# 4-10, 11-17, 18-23 + head). The plan files' layers_per_stage (26 'layers': embedding, 24 blocks,
+# head) say the same split: 12+14 and 5+7+7+7.
+PP_LAYERS = {1: None, 2: [11, 13], 4: [4, 7, 7, 6]}
+
 # (file under WHERE, nodes, pp, dp, micro-batch, global batch, real s, max_mem bytes): copied from the files
 ROWS = [
     ("N1/plan_config_N1_D1_M4_G1.json", 1, 1, 1, 1, 1, 0.07359, 9551478784),
@@ -70,7 +81,6 @@ source = "github.com/{REPO} commit {COMMIT}, {WHERE}/{path} (real, max_mem)"
 system = "CSCS Clariden (Alps): quad GH200 nodes, Slingshot-11, one NIC per GH200"
 method = "Megatron-DeepSpeed pretrain_gpt.py via DeepSpeed's PipelineEngine (also for PP 1), 10 iterations; step time = mean of the iteration times after the first 3 (process_results.py); memory = nvidia-smi memory.used (device total: CUDA context, NCCL buffers and the caching allocator's reserve included), largest over ranks"
 peak_memory_kind = "nvidia-smi"  # memory.used, the device total; compared with the predicted device total (ghsim/cost/device_memory.py)
-layer_split_note = "Sailor splits 26 'layers' (embedding, 24 blocks, head) unevenly over the stages (PP 2: 12+14, PP 4: 5+7+7+7); ghsim splits the 24 blocks evenly"
 
 {MODEL}
 [plan]
@@ -78,7 +88,7 @@ gpus = {gpus}
 gpus_per_node = 4
 tp = 4
 pp = {pp}
-precision = "fp32"
+{pp_layers(pp)}precision = "fp32"
 recompute = "none"
 micro_batch = {mb}
 global_batch = {gb}
@@ -91,6 +101,15 @@ framework = "megatron-legacy"
 step_time_s = {real}
 peak_allocated_bytes = {mem}
 '''
+
+
+def pp_layers(pp: int) -> str:
+    """The plan's split line (make_cases.PP_LAYERS says where it comes from); none at PP 1."""
+    split = PP_LAYERS[pp]
+    if split is None:
+        return ""
+    return (f"pp_layers = {split}  # DeepSpeed partition_method='uniform' over OPTModelPipe's 28 specs: "
+            "embedding on the first stage, LM head on the last (make_cases.py PP_LAYERS)\n")
 
 
 def case_name(nodes: int, pp: int, dp: int, mb: int, gb: int) -> str:
