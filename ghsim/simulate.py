@@ -324,6 +324,40 @@ def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild,
     return _pipeline_makespan(plan, layout, chunks, tails)
 
 
+def compute_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> float:
+    """A lower bound on the step time of every plan that runs at least `plan`'s compute-stream
+    kernels before each micro-batch's tail (the search's compute class: the same layout, precision,
+    recompute and micro-batch, with ZeRO, offload and unified memory only adding work): the
+    pipeline schedule of the step with each chunk's forward and backward taking only the busy
+    time of those kernels, one after another on the stream, and nothing after the last backward.
+
+    No engine run: the graphs are built and their compute-stream ops priced. Kept out of
+    simulate_prepared: it answers for a family of plans, not for this one."""
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
+    per_chunk = model.num_layers // layout.chunks
+    busy = {}
+    for kind in set(kind_of):
+        for final in (False, True) if plan.grad_accum > 1 else (True,):
+            busy[(kind, final)] = _stream_busy(model, plan, rank, per_chunk, kind, final)
+    send_s = _send_time(model, plan, rank)
+    chunks = [ChunkTimes(*busy.get((k, False), busy[(k, True)]), 0.0, *busy[(k, True)], 0.0, send_s)
+              for k in kind_of]
+    return _pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * layout.pp)
+
+
+def _stream_busy(model: ModelSpec, plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool],
+                 final: bool) -> tuple[float, float]:
+    """Seconds the compute stream is busy in a micro-batch's forward, and in its backward (up to
+    its tail). The stream runs its ops one at a time in issue order, so the forward ends no sooner
+    than the first sum, and the backward's stream work, issued after it, takes at least the second."""
+    mb = chunk_graph(model, plan, rank, layers, kind, final)
+    gpu, cost, graphs = Resource.GPU, rank.rank.cost, plan.cuda_graphs
+    ops = mb.graph.ops
+    seconds = [rank.prices(op) + cost.kernel_gap(op, graphs) if op.resource == gpu else 0.0
+               for op in ops[:mb.tail_first]]
+    return sum(seconds[:mb.fwd_last + 1]), sum(seconds[mb.fwd_last + 1:])
+
+
 def _pipeline_makespan(plan: Plan, layout: Layout, chunks: list[ChunkTimes], tails: list[StageTail]) -> float:
     """The pipeline schedule's makespan for the plan's micro-batches; past EXACT_MICROBATCHES from
     three short schedules and their steady-state period (ghsim/steady_state.py). Where the period
