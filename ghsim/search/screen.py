@@ -45,7 +45,7 @@ class Status(str, Enum):
     UNEXPLORED = "unexplored"  # not simulated within the search's time limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a search keeps one per plan
 class Evaluation:
     plan: Plan
     status: Status
