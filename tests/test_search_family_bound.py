@@ -99,3 +99,15 @@ def test_stage_floors_never_exceed_the_scheduled_pipeline(pp, v, per_stage, data
         same = [ChunkTimes(0.3, 0.6, 0.0, 0.3, 0.6, 0.0, 0.0)] * pp
         exact = _pipeline_makespan(plan, layout, same, [StageTail(0.0, 0.0)] * pp)
         assert max(_stage_floor(same, pp, v, M, d) for d in range(pp)) == pytest.approx(exact, rel=1e-9)
+
+
+def test_after_a_plan_that_does_not_fit_the_walk_looks_where_memory_is_smaller():
+    from ghsim.search.memory_order import needs_less_hbm
+
+    p = Plan(gpus=8, micro_batch=2, recompute=Recompute.SELECTIVE, zero=1)
+    assert needs_less_hbm(p.with_(offload=frozenset({"activations"})), p)
+    assert needs_less_hbm(p.with_(recompute=Recompute.FULL, micro_batch=1), p)
+    assert needs_less_hbm(p.with_(zero=3), p)
+    assert not needs_less_hbm(p.with_(micro_batch=4), p)
+    assert not needs_less_hbm(p.with_(recompute=Recompute.NONE), p)
+    assert not needs_less_hbm(p.with_(zero=0), p)

@@ -78,14 +78,18 @@ SEED_TIERS = (("precision", *LAYOUT), ("precision", *LAYOUT, "zero", "offload"))
 MOVES = tuple((d,) for d in SEARCHED if d not in LAYOUT) + (("micro_batch", "recompute"),)
 
 
-def seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple]) -> dict[int, int]:
+def seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple],
+               roomy: list[bool] | None = None) -> dict[int, int]:
     """Where best-first screening starts: plan index -> its tier in SEED_TIERS, for the plan
-    of each combination with the fewest FLOPs and the least memory (likeliest to fit).
-    Neighbour moves never change the layout, so every layout must be looked at early;
-    seeing one plan of a layout lets its neighbours lead to the layout's best."""
+    of each combination with the lowest bound and the least memory, among those the memory
+    estimate leaves room (`roomy`) if any: a seed that does not fit leads nowhere, since only
+    feasible plans have their neighbours explored. Neighbour moves never change the layout, so
+    every layout must be looked at early; seeing one plan of a layout lets its neighbours lead
+    to the layout's best."""
     tiers: dict[int, int] = {}
     seen: set[tuple] = set()
-    for j in sorted(range(len(plans)), key=lambda j: (keys[j], memory_order[j])):
+    roomy = roomy or [True] * len(plans)
+    for j in sorted(range(len(plans)), key=lambda j: (not roomy[j], keys[j], memory_order[j])):
         for tier, dims in enumerate(SEED_TIERS):
             combination = (tier, *(getattr(plans[j], d) for d in dims))
             if combination not in seen:
