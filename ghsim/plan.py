@@ -361,7 +361,6 @@ def check_values(plan: Plan) -> None:
         )
 
 
-
 _PLAN_FIELDS = frozenset(f.name for f in fields(Plan))
 # Plan.with_'s copy: every field read in one C call, then set through its slot
 _FIELD_NAMES = tuple(f.name for f in fields(Plan))

@@ -258,7 +258,7 @@ def compute_bound(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration) 
     """A lower bound on the step time of every plan of `plan`'s class, 0 if it cannot run.
 
     Several GPUs: the pipeline schedule of the class's compute-stream kernels alone, bubbles
-    included (simulate.compute_time_floor: graphs built and priced, not run). One GPU: the
+    included (simulate.compute_time_floor: the op templates priced, no graph built). One GPU: the
     forward/backward kernels of one step (exact: kernel time is affine in layers and linear in
     micro-batches)."""
     if plan.gpus > 1:
