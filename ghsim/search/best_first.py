@@ -164,11 +164,10 @@ class _BestFirst:
         for e in evs:
             if e.status == Status.NO_FIT:
                 self.no_fit.add(e)
-                # its neighbours that need less memory may fit at about its speed: worth a look,
-                # valued at its bound (its time is unknown)
-                for q in neighbours(e.plan, self.index, self.tables):
-                    if needs_less_hbm(self.survivors[q][0], e.plan):
-                        self.order.near(q, self.bound(self.index[e.plan]))
+                # a seed that does not fit hands its turn to its neighbours that need less memory
+                self.order.inherit_seed(self.index[e.plan], [
+                    q for q in neighbours(e.plan, self.index, self.tables)
+                    if needs_less_hbm(self.survivors[q][0], e.plan)])
             elif e.feasible:
                 for q in neighbours(e.plan, self.index, self.tables):
                     self.order.near(q, self.value(e))

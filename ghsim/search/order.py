@@ -39,6 +39,16 @@ class Order:
             self.nearest[j] = value
             heapq.heappush(self.exploit, (value, self.rank[j][1], j))
 
+    def inherit_seed(self, j: int, others: list[int]) -> None:
+        """Seed j did not fit: its combination is represented by the `others` (its neighbours
+        needing less memory) instead, at its tier, each by its own bound."""
+        tier = self.rank[j][0][0]
+        for q in others:
+            (q_tier, key), memory = self.rank[q]
+            if q in self.pending and tier < q_tier:
+                self.rank[q] = ((tier, key), memory)
+                heapq.heappush(self.explore, (*self.rank[q], q))  # (its old entry is popped later, unpending)
+
     def take(self, k: int, bar: float) -> list[int]:
         """The next k pending plans, alternately from each queue (they stay pending: the
         caller settles them, or puts them back); a neighbour only of a plan within `bar`
