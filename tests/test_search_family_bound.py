@@ -111,3 +111,14 @@ def test_after_a_plan_that_does_not_fit_the_walk_looks_where_memory_is_smaller()
     assert not needs_less_hbm(p.with_(micro_batch=4), p)
     assert not needs_less_hbm(p.with_(recompute=Recompute.NONE), p)
     assert not needs_less_hbm(p.with_(zero=0), p)
+
+
+def test_a_seed_that_does_not_fit_hands_its_turn_to_smaller_neighbours():
+    from ghsim.search.order import Order
+
+    # plan 0 is the only seed; plans 1 and 2 wait behind plan 3 (lower bound) until 0 fails
+    order = Order([1.0, 5.0, 6.0, 2.0], {0: 0}, [()] * 4)
+    assert order.take(1, bar=float("inf")) == [0]
+    order.pending.discard(0)
+    order.inherit_seed(0, [2])
+    assert order.take(2, bar=float("inf")) == [2, 3]
