@@ -32,7 +32,7 @@ from ghsim.search.screen import Evaluation, Status, compute_class
 if TYPE_CHECKING:  # the runner and the ticker belong to the search that calls this
     from ghsim.search.core import _Runner, _Ticker
 
-BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
+BOUND_WORTH = 4  # one GPU: compute class bounds (small simulations) for classes of at least this many plans
 SCREEN_TOLERANCE = 0.01  # screened times lie within 1% of the full simulation (tests/test_search_screen.py)
 
 
@@ -67,6 +67,8 @@ class _BestFirst:
             self.members[c] = self.members.get(c, 0) + 1
         memory = [memory_order(p) for p, _ in survivors]
         self.class_bound: dict[Plan, float] = {}
+        # several GPUs: a class's bound prices templates (under a millisecond), worth it for any class
+        self.bound_worth = 1 if survivors and survivors[0][0].gpus > 1 else BOUND_WORTH
         cap = runner.hw.hbm.capacity_bytes * (1 - MARGIN)
         roomy = [est is None or est.hbm_bytes <= cap for _, est in survivors]
         self.order = Order(self.keys, seed_tiers([p for p, _ in survivors], self.keys, memory, roomy), memory)
@@ -107,7 +109,7 @@ class _BestFirst:
         c = self.cls[j]
         if c not in self.class_bound:  # worth its cost only for a class with several plans
             self.class_bound[c] = (max(self.keys[j], self.runner.bounds([c])[0])
-                                   if self.members[c] >= BOUND_WORTH else self.keys[j])
+                                   if self.members[c] >= self.bound_worth else self.keys[j])
         return self.class_bound[c]
 
     def set_aside(self, j: int, status: Status, why: str) -> None:
@@ -125,7 +127,7 @@ class _BestFirst:
     def _fetch_class_bounds(self, head: list[int], bar: float) -> None:
         """The class bounds this round will ask for, on all cores at once."""
         classes = {self.cls[j]: self.keys[j] for j in head if self.keys[j] <= bar}
-        todo = [c for c in classes if c not in self.class_bound and self.members[c] >= BOUND_WORTH]
+        todo = [c for c in classes if c not in self.class_bound and self.members[c] >= self.bound_worth]
         for c, b in zip(todo, self.runner.bounds(todo) if len(todo) > 1 else ()):
             self.class_bound[c] = max(classes[c], b)
 
