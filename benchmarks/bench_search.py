@@ -2,6 +2,7 @@
 
     python benchmarks/bench_search.py [--calibration synthetic] [--jobs 1,2] [--quick] [--time-limit 7]
     python benchmarks/bench_search.py --against /tmp/base [--cases 8,1024] [--time-limit 0]
+    python benchmarks/bench_search.py --survey 3 [--time-limit 7]
 
 --against: the issue-18 cases (exhaustive llama-70b on 8 x h100-sxm, llama-3-70b and
 llama-3.1-405b on 1,024 x h100-sxm), each searched in a fresh process of this tree and of
@@ -90,6 +91,34 @@ def against(reference: str, cases: list[tuple[str, str, int]], time_limit: float
                   f"{g['rss_mb']:>8.0f}{g['best_s'] or float('nan'):>12.3f}{speedup:>9.2f}", flush=True)
 
 
+# README's default-vs-exhaustive survey: 1-4 GPU cases and the 8+ GPU cases the 7 s default once missed
+SURVEY = (("llama-2-7b", "gh200-96gb", 1), ("llama-70b", "gh200-96gb", 4), ("llama-2-13b", "h200-sxm", 8),
+          ("llama-2-70b", "h200-sxm", 8), ("mixtral-8x7b", "h100-sxm", 8), ("gpt-oss-20b", "h100-sxm", 8),
+          ("llama-70b", "h100-sxm", 8), ("llama-70b", "h100-sxm", 16), ("llama-3.1-405b", "h100-sxm", 1024))
+
+
+def survey(time_limit: float, runs: int) -> None:
+    """Each survey case searched with the default time limit (`runs` times) and exhaustively, on
+    every core: does the default find the exhaustive best?"""
+    from ghsim.search.core import default_jobs
+
+    print(f"{'case':<34}{'exhaustive s':>13}{'best s/step':>12}  default runs: wall s, best s/step, same plan")
+    for name, hw_name, gpus in SURVEY:
+        model, hw = load_model(name), load_hardware(hw_name)
+        base = base_plan(gpus)
+        space = default_space(model, hw, base)
+        t = time.perf_counter()
+        full = search(model, hw, base, space, jobs=default_jobs())
+        full_s = time.perf_counter() - t
+        line = f"{name + ' x' + str(gpus) + ' ' + hw_name:<34}{full_s:>13.1f}{full.best.step_time_s:>12.3f} "
+        for _ in range(runs):
+            t = time.perf_counter()
+            r = search(model, hw, base, space, jobs=default_jobs(), time_limit=time_limit)
+            same = r.best is not None and r.best.plan == full.best.plan
+            line += f" | {time.perf_counter() - t:.1f}, {r.best.step_time_s:.3f}, {'yes' if same else 'NO'}"
+        print(line, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", default=None, help="another checkout of ghsim to compare with (see above)")
@@ -99,7 +128,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the 4-GPU case only")
     ap.add_argument("--time-limit", type=float, default=0.0,
                     help="the search's time limit (ghsim plan's default is 7 s; 0: simulate every survivor)")
+    ap.add_argument("--survey", type=int, default=0, metavar="RUNS",
+                    help="README's survey: each case's default search (--time-limit, 7 s if 0) RUNS times "
+                         "against its exhaustive search")
     args = ap.parse_args()
+    if args.survey:
+        survey(args.time_limit or 7.0, args.survey)
+        return
     if args.against:
         keys = {"8": 0, "1024": 1, "1024-405b": 2}
         against(args.against, [AGAINST_CASES[keys[c]] for c in args.cases.split(",")], args.time_limit)

@@ -145,7 +145,8 @@ def test_bounds_and_dominance_never_change_the_ranking(cal, monkeypatch):
     from ghsim.search.memory_order import NoFit
 
     model, hw = dataclasses.replace(load_model("llama-2-7b"), num_layers=8), load_hardware("a100-sxm-40gb")
-    base = Plan(gpus=4, seq=4096, global_batch=16, framework=Framework.DEEPSPEED, optimizer_impl="fused")
+    # (seq 8192: the class bounds set aside every plan of seq 4096 that would not fit before simulating it)
+    base = Plan(gpus=4, seq=8192, global_batch=16, framework=Framework.DEEPSPEED, optimizer_impl="fused")
     pins = dict(cuda_graphs=True, tp=1, pp=2, offload_ratio=1.0)
     fast = small_search(cal, base=base, model=model, hw=hw, **pins)
     assert fast.count(Status.BOUNDED) > 0 and fast.count(Status.NO_FIT) > 0

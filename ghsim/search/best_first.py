@@ -3,8 +3,10 @@ a plan whose lower bound is worse than all of them cannot enter the ranking and 
 simulated.
 
 Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
-(free), by the compute kernels of the plan's class (screen.compute_bound, two small
-simulations when the walk reaches a class of several plans) and, for a multi-GPU plan, by
+(free), by the compute kernels of the plan's class (screen.compute_bound, once per class
+for all its ZeRO, offload and unified-memory members, when the walk reaches a class of
+several plans: on several GPUs the pipeline of the class's priced op templates, bubbles
+included, no graph built; on one GPU two small simulations) and, for a multi-GPU plan, by
 its micro-batches in the middle of the step (simulate.step_time_floor, inside the
 evaluation, before its memory); the HBM peak by the memory estimate. Order (order.Order):
 in turn a plan to explore (seeds first: one per precision and layout, then one per ZeRO
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ghsim.plan import Plan
 from ghsim.search.memory_estimate import MARGIN
-from ghsim.search.memory_order import NoFit, memory_order
+from ghsim.search.memory_order import NoFit, memory_order, needs_less_hbm
 from ghsim.search.objective import Objective
 from ghsim.search.order import Order, neighbours, seed_tiers
 from ghsim.search.screen import Evaluation, Status, compute_class
@@ -30,7 +32,7 @@ from ghsim.search.screen import Evaluation, Status, compute_class
 if TYPE_CHECKING:  # the runner and the ticker belong to the search that calls this
     from ghsim.search.core import _Runner, _Ticker
 
-BOUND_WORTH = 4  # compute class bounds when classes have at least this many plans on average
+BOUND_WORTH = 4  # one GPU: compute class bounds (small simulations) for classes of at least this many plans
 SCREEN_TOLERANCE = 0.01  # screened times lie within 1% of the full simulation (tests/test_search_screen.py)
 
 
@@ -65,7 +67,11 @@ class _BestFirst:
             self.members[c] = self.members.get(c, 0) + 1
         memory = [memory_order(p) for p, _ in survivors]
         self.class_bound: dict[Plan, float] = {}
-        self.order = Order(self.keys, seed_tiers([p for p, _ in survivors], self.keys, memory), memory)
+        # several GPUs: a class's bound prices templates (under a millisecond), worth it for any class
+        self.bound_worth = 1 if survivors and survivors[0][0].gpus > 1 else BOUND_WORTH
+        cap = runner.hw.hbm.capacity_bytes * (1 - MARGIN)
+        roomy = [est is None or est.hbm_bytes <= cap for _, est in survivors]
+        self.order = Order(self.keys, seed_tiers([p for p, _ in survivors], self.keys, memory, roomy), memory)
         self.pending = self.order.pending
         self.no_fit = NoFit(runner.hw)
         self.full_wave = self.wave = max(8, runner.jobs * 4)
@@ -101,9 +107,9 @@ class _BestFirst:
         if self.unit != "s":
             return self.keys[j]
         c = self.cls[j]
-        if c not in self.class_bound:  # worth two small simulations only for a class with several plans
+        if c not in self.class_bound:  # worth its cost only for a class with several plans
             self.class_bound[c] = (max(self.keys[j], self.runner.bounds([c])[0])
-                                   if self.members[c] >= BOUND_WORTH else self.keys[j])
+                                   if self.members[c] >= self.bound_worth else self.keys[j])
         return self.class_bound[c]
 
     def set_aside(self, j: int, status: Status, why: str) -> None:
@@ -121,7 +127,7 @@ class _BestFirst:
     def _fetch_class_bounds(self, head: list[int], bar: float) -> None:
         """The class bounds this round will ask for, on all cores at once."""
         classes = {self.cls[j]: self.keys[j] for j in head if self.keys[j] <= bar}
-        todo = [c for c in classes if c not in self.class_bound and self.members[c] >= BOUND_WORTH]
+        todo = [c for c in classes if c not in self.class_bound and self.members[c] >= self.bound_worth]
         for c, b in zip(todo, self.runner.bounds(todo) if len(todo) > 1 else ()):
             self.class_bound[c] = max(classes[c], b)
 
@@ -160,6 +166,10 @@ class _BestFirst:
         for e in evs:
             if e.status == Status.NO_FIT:
                 self.no_fit.add(e)
+                # a seed that does not fit hands its turn to its neighbours that need less memory
+                self.order.inherit_seed(self.index[e.plan], [
+                    q for q in neighbours(e.plan, self.index, self.tables)
+                    if needs_less_hbm(self.survivors[q][0], e.plan)])
             elif e.feasible:
                 for q in neighbours(e.plan, self.index, self.tables):
                     self.order.near(q, self.value(e))

@@ -51,7 +51,7 @@ MARGIN = 0.10
 KNOWN_FRAMEWORKS = ("torch-amp", "fsdp-mixed", "deepspeed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a search keeps one per plan
 class MemoryEstimate:
     hbm_bytes: float  # per GPU, at the peak moment
     host_bytes: float  # per node

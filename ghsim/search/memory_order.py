@@ -19,6 +19,13 @@ def memory_order(p: Plan) -> tuple:
     return (p.micro_batch, RECOMPUTE_MEMORY.get(p.recompute.value, 0), -p.zero, -len(p.offload), p.offload_ratio)
 
 
+def needs_less_hbm(q: Plan, p: Plan) -> bool:
+    """q keeps no more on each GPU than p by every choice that sizes HBM (the order NoFit uses, and
+    a higher ZeRO stage): where p did not fit, q may."""
+    return (q.micro_batch <= p.micro_batch and recompute_rank(q.recompute) <= recompute_rank(p.recompute)
+            and q.offload >= p.offload and q.offload_ratio >= p.offload_ratio and q.zero >= p.zero)
+
+
 def recompute_rank(rc: Recompute) -> int:
     return RECOMPUTE_MEMORY.get(rc.value, 0)
 

@@ -39,6 +39,16 @@ class Order:
             self.nearest[j] = value
             heapq.heappush(self.exploit, (value, self.rank[j][1], j))
 
+    def inherit_seed(self, j: int, others: list[int]) -> None:
+        """Seed j did not fit: its combination is represented by the `others` (its neighbours
+        needing less memory) instead, at its tier, each by its own bound."""
+        tier = self.rank[j][0][0]
+        for q in others:
+            (q_tier, key), memory = self.rank[q]
+            if q in self.pending and tier < q_tier:
+                self.rank[q] = ((tier, key), memory)
+                heapq.heappush(self.explore, (*self.rank[q], q))  # (its old entry is popped later, unpending)
+
     def take(self, k: int, bar: float) -> list[int]:
         """The next k pending plans, alternately from each queue (they stay pending: the
         caller settles them, or puts them back); a neighbour only of a plan within `bar`
@@ -78,14 +88,18 @@ SEED_TIERS = (("precision", *LAYOUT), ("precision", *LAYOUT, "zero", "offload"))
 MOVES = tuple((d,) for d in SEARCHED if d not in LAYOUT) + (("micro_batch", "recompute"),)
 
 
-def seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple]) -> dict[int, int]:
+def seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple],
+               roomy: list[bool] | None = None) -> dict[int, int]:
     """Where best-first screening starts: plan index -> its tier in SEED_TIERS, for the plan
-    of each combination with the fewest FLOPs and the least memory (likeliest to fit).
-    Neighbour moves never change the layout, so every layout must be looked at early;
-    seeing one plan of a layout lets its neighbours lead to the layout's best."""
+    of each combination with the lowest bound and the least memory, among those the memory
+    estimate leaves room (`roomy`) if any: a seed that does not fit leads nowhere, since only
+    feasible plans have their neighbours explored. Neighbour moves never change the layout, so
+    every layout must be looked at early; seeing one plan of a layout lets its neighbours lead
+    to the layout's best."""
     tiers: dict[int, int] = {}
     seen: set[tuple] = set()
-    for j in sorted(range(len(plans)), key=lambda j: (keys[j], memory_order[j])):
+    roomy = roomy or [True] * len(plans)
+    for j in sorted(range(len(plans)), key=lambda j: (not roomy[j], keys[j], memory_order[j])):
         for tier, dims in enumerate(SEED_TIERS):
             combination = (tier, *(getattr(plans[j], d) for d in dims))
             if combination not in seen:

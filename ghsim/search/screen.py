@@ -31,7 +31,7 @@ from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report.step_report import StepReport, model_flops
 from ghsim.search.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.simulate import check_fit_to_model, simulate
-from ghsim.simulate import prepare, simulate_prepared, step_memory, step_time_floor
+from ghsim.simulate import compute_time_floor, prepare, simulate_prepared, step_memory, step_time_floor
 
 
 
@@ -45,7 +45,7 @@ class Status(str, Enum):
     UNEXPLORED = "unexplored"  # not simulated within the search's time limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a search keeps one per plan
 class Evaluation:
     plan: Plan
     status: Status
@@ -255,8 +255,18 @@ def compute_class(plan: Plan) -> Plan:
 
 
 def compute_bound(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration) -> float:
-    """Seconds of forward/backward kernels on the compute stream in one step of `plan`'s class
-    (exact: kernel time is affine in layers and linear in micro-batches), 0 if it cannot run."""
+    """A lower bound on the step time of every plan of `plan`'s class, 0 if it cannot run.
+
+    Several GPUs: the pipeline schedule of the class's compute-stream kernels alone, bubbles
+    included (simulate.compute_time_floor: the op templates priced, no graph built). One GPU: the
+    forward/backward kernels of one step (exact: kernel time is affine in layers and linear in
+    micro-batches)."""
+    if plan.gpus > 1:
+        cls = compute_class(plan)
+        try:
+            return compute_time_floor(model, hw, cls, prepare(model, hw, cls, cal))
+        except GhsimError:
+            return 0.0
     rep = compute_class(plan).with_(global_batch=plan.dp * plan.micro_batch)  # one micro-batch
     layers, _ = _points(model, plan)
     per_micro = {}
