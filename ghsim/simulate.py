@@ -341,9 +341,8 @@ def compute_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBui
 
     No graph is built or run: the rank's op templates are priced. Kept out of simulate_prepared:
     it answers for a family of plans, not for this one."""
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout)
-    per_chunk = model.num_layers // layout.chunks
-    busy = {kind: _stream_busy(plan, rank, per_chunk, kind) for kind in set(kind_of)}
+    layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
+    busy = {kind: _stream_busy(plan, rank, kind.layers, (kind.first, kind.last)) for kind in set(kind_of)}
     send_s = _send_time(model, plan, rank)
     chunks = [ChunkTimes(*busy[k], 0.0, *busy[k], 0.0, send_s) for k in kind_of]
     M, pp, v = plan.grad_accum, layout.pp, layout.interleave

@@ -65,11 +65,11 @@ def test_a_class_bound_holds_for_every_member(cal, model, hw, layout, precision,
         # what the bound schedules: each chunk's compute-stream busy time within the member's spans
         rank, cls = prepare(m, h, plan, cal), compute_class(plan)
         cls_rank = prepare(m, h, cls, cal)
-        per_chunk = m.num_layers // rank.layout.chunks
-        for kind in set(chunk_kinds(rank.layout)):
-            fwd, bwd = _stream_busy(cls, cls_rank, per_chunk, kind)
+        for chunk in set(chunk_kinds(rank.layout, m.num_layers)):
+            kind = (chunk.first, chunk.last)
+            fwd, bwd = _stream_busy(cls, cls_rank, chunk.layers, kind)
             for final in (False, True) if plan.grad_accum > 1 else (True,):
-                t = chunk_run(m, h, plan, rank, per_chunk, kind, final).times
+                t = chunk_run(m, h, plan, rank, chunk.layers, kind, final).times
                 assert fwd <= t["t_fwd"] * (1 + 1e-9) and bwd <= (t["t_bwd"] - t["t_fwd"]) * (1 + 1e-9), plan.flags()
 
 
