@@ -129,6 +129,9 @@ class Plan:
     fp8_params: bool = False
     compile: bool = False  # torch.compile (Inductor) of the model: fused regions (graph/compiled_layer.py)
     rope_cast: bool = False  # eager: rotary tables cast to q's dtype (our harness) rather than HF's fp32 rotation
+    # eager LoRA: each adapter casts its input to the adapters' fp32 and autocast casts it back, as peft
+    # does (False: our harness's LoRALinear, whose adapters read the bf16 input as it is)
+    peft_input_cast: bool = True
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -315,7 +318,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
         elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
-                     "fp8_params", "rope_cast", "compile"):
+                     "fp8_params", "rope_cast", "compile", "peft_input_cast"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
