@@ -22,13 +22,13 @@ stops starting new rows at --budget-s and writes the JSON after every part.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
+
+from microbench15 import bench as _bench, run_part  # same folder (run as a script)
 
 SHAPES = {"1b": dict(h=2048, i=8192, nh=32, kv=8, hd=64, T=8192), "3b": dict(h=3072, i=8192, nh=24, kv=8, hd=128, T=2048)}
 GEMM_MARKS = ("gemm", "nvjet", "cutlass", "xmma", "scaled_mm", "sm90_")
@@ -36,22 +36,12 @@ START = time.time()
 
 
 def bench(fn, reps=15, warm=4):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    return statistics.median(ts)
+    """Median seconds of `reps` CUDA-event-timed calls after `warm` warm-up calls."""
+    return _bench(fn, reps=reps, warm=warm)
 
 
 def kernels(fn):
-    """(name, seconds) of every CUDA kernel one call launches."""
+    """(name, seconds) of every CUDA kernel one call launches (microbench15.kernels_of gives the names only)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -215,17 +205,7 @@ def main():
     for part, fn in (("sdpa_mask", sdpa_mask), ("peft", peft_rows), ("f8lin", f8lin)):
         if part not in a.parts.split(","):
             continue
-        t0 = time.time()
-        try:
-            res[part] = fn(a)
-        except Exception:  # noqa: BLE001
-            res[part + "_error"] = traceback.format_exc()[-3000:]
-            print(res[part + "_error"], flush=True)
-        res[part + "_wall_s"] = time.time() - t0
-        print(f"{part} done in {time.time() - t0:.0f}s", flush=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        torch.cuda.empty_cache()
+        run_part(res, part, lambda fn=fn: fn(a), a.out)
     for r in res.get("sdpa_mask", []):
         print(f"sdpa {r['shape']} B{r['B']} {r['call']:20s} fwd {r.get('fwd_s', 0) * 1e6:7.0f} us bwd {r.get('bwd_s', 0) * 1e6:7.0f} us "
               f"{r.get('error', '')[:80]}")
