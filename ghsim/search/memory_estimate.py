@@ -114,7 +114,8 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     if plan.compile:  # Inductor (graph/compiled_layer.py): no fp32 normalised copies or silu output
         # kept; k and v expanded to the query heads for SDPA; the norms' bf16 outputs (the lower
         # reading: only when every projection keeps its input, and not under fp8)
-        saved = 2 * T * 4 + 3 * T * q * act + T * q * act
+        kv_sdpa = q if plan.modeling == "hf" else kv  # HF's compiled mask path expands k and v
+        saved = 2 * T * 4 + T * (q + 2 * kv_sdpa) * act + T * q * act
         if not (r or fp8):
             saved += 2 * T * h * act
     else:
