@@ -101,6 +101,7 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on
 # is our harness's per-op eager quantisation, as before; Megatron's is delayed.
 TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
 FP8_RECIPES = ("delayed",) + TORCHAO_FP8_RECIPES
+MODELING_CODES = ("hf", "torchtitan")  # whose model code (Plan.modeling)
 
 
 @dataclass(frozen=True, slots=True)  # slots: a search holds 10^5 plans (1.7 kB each with a dict)
@@ -134,6 +135,13 @@ class Plan:
     fp8_params: bool = False
     compile: bool = False  # torch.compile (Inductor) of the model: fused regions (graph/compiled_layer.py)
     rope_cast: bool = False  # eager: rotary tables cast to q's dtype (our harness) rather than HF's fp32 rotation
+    # whose modeling code the model is: Hugging Face transformers ("hf": under torch.compile its masking
+    # utilities hand SDPA a materialised boolean causal mask, k/v expanded to the query heads) or
+    # torchtitan's ("torchtitan": SDPA with is_causal, GQA inside SDPA)
+    modeling: str = "hf"
+    # eager LoRA: each adapter casts its input to the adapters' fp32 and autocast casts it back, as peft
+    # does (False: our harness's LoRALinear, whose adapters read the bf16 input as it is)
+    peft_input_cast: bool = True
     cuda_graphs: bool = False
     dataloader_workers: int = 2
     batch_prep_s: float = 0.0  # host CPU seconds to prepare one micro-batch (0: data already on the GPU)
@@ -248,6 +256,8 @@ class Plan:
             parts.append("--fused-norm")
         if self.compile:
             parts.append("--compile")
+        if self.modeling != "hf":
+            parts.append(f"--modeling {self.modeling}")
         if self.fp8_recipe:
             parts.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.fp8_params:
@@ -348,7 +358,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
         elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
-                     "fp8_params", "rope_cast", "compile"):
+                     "fp8_params", "rope_cast", "compile", "peft_input_cast"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
@@ -356,7 +366,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
-        elif key in ("optimizer_impl", "fp8_recipe"):
+        elif key in ("optimizer_impl", "fp8_recipe", "modeling"):
             kw[key] = str(value)
         elif key == "optimizer" and value != "adamw":
             raise GhsimError(f"{where}: only the AdamW optimizer is modeled, got {value!r}")
@@ -438,6 +448,8 @@ def check_values(plan: Plan) -> None:
         raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
     if plan.fp8_recipe and plan.fp8_recipe not in FP8_RECIPES:
         raise GhsimError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8_recipe!r}")
+    if plan.modeling not in MODELING_CODES:
+        raise GhsimError(f"modeling must be one of {', '.join(MODELING_CODES)}, got {plan.modeling!r}")
     if plan.optimizer_impl not in OPTIMIZER_IMPLS:
         raise GhsimError(
             f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {plan.optimizer_impl!r}"

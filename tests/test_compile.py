@@ -51,3 +51,21 @@ def test_the_flag_reaches_the_plan_and_its_refusal_is_one_line():
     assert ok.exit_code == 0 and '"compile": true' in ok.output
     refused = runner.invoke(main, ["simulate", "--model", "llama-2-7b", "--compile", "--framework", "megatron"])
     assert refused.exit_code == 2 and "--compile" in refused.output and "Traceback" not in refused.output
+
+
+def test_torchtitan_modeling_compiles_without_hf_mask():
+    """torchtitan's Llama calls SDPA with is_causal: under compile no boolean mask, k/v not expanded."""
+    hf, titan = simulate(MODEL, H100, PLAN.with_(compile=True)), simulate(MODEL, H100, PLAN.with_(compile=True, modeling="torchtitan"))
+    variants = lambda r: {op.variant for op in r.timeline.ops if op.category == "attention"}
+    assert "bool_mask" in variants(hf) and "bool_mask" not in variants(titan)
+    assert not any(op.name.startswith("repeat_kv") for op in titan.timeline.ops)
+    assert titan.time_breakdown_s["attention"] < hf.time_breakdown_s["attention"]
+    eager = simulate(MODEL, H100, PLAN)
+    assert simulate(MODEL, H100, PLAN.with_(modeling="torchtitan")).step_time_s == eager.step_time_s  # eager: same
+
+
+def test_unknown_modeling_is_one_line_exit_2():
+    r = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--modeling", "jax"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    with pytest.raises(GhsimError, match="modeling"):
+        simulate(MODEL, H100, PLAN.with_(modeling="jax"))

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from ghsim.cli import main
 from ghsim.graph.step import param_counts
 from ghsim.model import load_model
-from ghsim.plan import LORA_TARGETS, Plan, parse_lora_targets
+from ghsim.plan import LORA_TARGETS, Framework, Plan, parse_lora_targets
 from ghsim.simulate import simulate
 from ghsim.hardware import load_hardware
 
@@ -39,3 +39,22 @@ def test_fewer_adapters_less_time_and_memory():
 def test_unknown_targets_are_one_line(value):
     res = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--lora-rank", "16", "--lora-targets", value])
     assert res.exit_code == 2 and "unknown LoRA target" in res.output and "Traceback" not in res.output
+
+
+def _lora_cast_ops(plan):
+    return [op for op in simulate(MODEL, H100, plan).timeline.ops if ".lora_x_" in op.name or ".lora_dx_" in op.name]
+
+
+def test_peft_casts_each_adapters_input_and_keeps_its_own_copy():
+    """peft keeps adapters in fp32 and casts each adapter's input to it; autocast casts it back for
+    lora_A, which saves that bf16 copy (microbench15b peft): 2 casts forward and 2 backward per
+    adapter, more activation memory than adapters reading the shared input (our harness's LoRALinear)."""
+    peft = Plan(lora_rank=16, lora_targets=parse_lora_targets("q_proj,v_proj"), seq=1024)
+    plain = peft.with_(peft_input_cast=False)
+    assert len(_lora_cast_ops(peft)) == 4 * 2 * MODEL.num_layers and not _lora_cast_ops(plain)
+    a, b = simulate(MODEL, H100, peft), simulate(MODEL, H100, plain)
+    assert a.hbm.peak_bytes > b.hbm.peak_bytes and a.step_time_s > b.step_time_s
+
+
+def test_megatron_lora_has_no_peft_casts():
+    assert not _lora_cast_ops(Plan(lora_rank=16, seq=1024, framework=Framework.MEGATRON))

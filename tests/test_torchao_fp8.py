@@ -57,3 +57,26 @@ def test_fp8_on_a100_is_refused_with_exit_2(command):
     r = CliRunner().invoke(main, [*command, "--model", "llama-3-8b", "--hardware", "a100-sxm-80gb",
                                   "--fp8-recipe", "tensorwise"])
     assert r.exit_code == 2 and "FP8" in r.output and "Traceback" not in r.output
+
+
+def _cast_bytes(plan):
+    return {op.name: op.bytes for op in simulate(MODEL, H100, plan).timeline.ops if "fp8_cast" in op.name}
+
+
+def test_compiled_rowwise_casts_the_weight_gradient_operands_again():
+    """Rowwise scales each GEMM's operands along its own contraction axis: under compile the output
+    gradient is cast twice (per row, per column) and the saved input once more in backward, where
+    tensorwise writes both layouts from one scale (microbench15b f8lin kernel lists)."""
+    tensorwise, rowwise = (_cast_bytes(FP8.with_(compile=True, fp8_recipe=r)) for r in ("tensorwise", "rowwise"))
+    assert "q_proj.fp8_cast_x.bwd" in rowwise and "q_proj.fp8_cast_x.bwd" not in tensorwise
+    assert "q_proj.fp8_cast_grad.t" in rowwise and sum(rowwise.values()) > sum(tensorwise.values())
+    rw = FP8.with_(compile=True, fp8_recipe="rowwise")
+    assert not any("fp8_layouts" in op.name for op in simulate(MODEL, H100, rw).timeline.ops)
+
+
+def test_rowwise_eager_casts_launch_the_scale_rounding_kernels():
+    """torchao's rowwise recipe rounds scales to powers of 2: log2, floor, exp2 per eager cast."""
+    def kernels(plan):
+        return sum(op.kernels for op in simulate(MODEL, H100, plan).timeline.ops if op.name.startswith("L0.q_proj")
+                   or op.name.startswith("q_proj"))
+    assert kernels(FP8.with_(fp8_recipe="rowwise")) > kernels(FP8)

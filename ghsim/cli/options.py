@@ -118,6 +118,10 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--compile", is_flag=True, default=None,
                      help="torch.compile the model (Inductor): fused norm, activation, rotary and loss regions, "
                           "fewer saved activations; with --cuda-graphs, mode='reduce-overhead'."),
+        click.option("--modeling", type=click.Choice(["hf", "torchtitan"]), default=None,
+                     help="Whose model code runs: Hugging Face transformers (default; under --compile SDPA gets a "
+                          "materialised boolean causal mask and k/v expanded to every head) or torchtitan's "
+                          "(SDPA with is_causal)."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
@@ -147,7 +151,7 @@ FLAG_TO_FIELD = {
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave", "pp_layers": "pp_layers",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
-    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile",
+    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile", "modeling": "modeling",
     "fp8_recipe": "fp8_recipe", "fp8_params": "fp8_params",
 }
 

@@ -61,16 +61,22 @@ class CompiledLayer(EagerLayer):
         return False if self.plan.compile else super().norm_out_cast
 
     @property
+    def _hf_compiled_mask(self) -> bool:
+        """Hugging Face's modeling code under compile: a boolean causal mask, k and v expanded (torchtitan's
+        calls SDPA with is_causal and passes k and v as they are)."""
+        return self.plan.compile and self.plan.modeling == "hf"
+
+    @property
     def sdpa_mask(self) -> str:
-        return "bool_mask" if self.plan.compile else super().sdpa_mask
+        return "bool_mask" if self._hf_compiled_mask else super().sdpa_mask
 
     @property
     def sdpa_kv_dim(self) -> int:
-        return self.m.q_dim if self.plan.compile else super().sdpa_kv_dim
+        return self.m.q_dim if self._hf_compiled_mask else super().sdpa_kv_dim
 
     def _sdpa_bwd_kernels(self) -> int:
         # k and v come expanded: no GQA reduction kernels after cuDNN's backward
-        return SDPA_BWD_KERNELS if self.plan.compile else super()._sdpa_bwd_kernels()
+        return SDPA_BWD_KERNELS if self._hf_compiled_mask else super()._sdpa_bwd_kernels()
 
     # --- forward ------------------------------------------------------------------------
     def _residual_add(self, name: str, branch_out: str, out: str) -> None:
@@ -106,7 +112,7 @@ class CompiledLayer(EagerLayer):
                  frees=["q", "k"])
 
     def _kv_for_sdpa(self) -> None:
-        if not self.plan.compile:
+        if not self._hf_compiled_mask:
             return super()._kv_for_sdpa()
         T, act = self.T, self.dt.act
         # HF's repeat_kv of v (k's expansion is fused into its rotation)
@@ -132,9 +138,10 @@ class CompiledLayer(EagerLayer):
         # q's gradient rotated back; k's summed over the query heads it was expanded to, then rotated
         self.mem("rope.bwd", inductor("rope_bwd"), T * (2 * q + kvs + kv) * act, ROPE_BWD_KERNELS, Category.ELEMENTWISE,
                  creates={"g_qp": T * q * act, "g_kp": T * kv * act}, frees=["g_q", "g_k"])
-        self.mem("repeat_kv.bwd", inductor("downcast"), T * (kvs + kv) * act, REPEAT_KV_BWD_KERNELS, Category.ELEMENTWISE,
-                 creates={"g_v.sum": T * kv * act}, frees=["g_v"])
-        self.t.live["g_v"] = self.t.live.pop("g_v.sum")
+        if self._hf_compiled_mask:
+            self.mem("repeat_kv.bwd", inductor("downcast"), T * (kvs + kv) * act, REPEAT_KV_BWD_KERNELS,
+                     Category.ELEMENTWISE, creates={"g_v.sum": T * kv * act}, frees=["g_v"])
+            self.t.live["g_v"] = self.t.live.pop("g_v.sum")
 
     def _input_grads(self, projs: list[Projection], grads: list[str], kept: dict[str, list[str]],
                      into: str, extra_free: list[str] | None = None) -> None:

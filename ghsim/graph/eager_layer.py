@@ -156,6 +156,14 @@ class EagerLayer(TorchaoFp8Projections):
         g_n1 = self.tp_reduce("g_n1.tp_reduce", "g_n1", T * h * (4 if dt.autocast_casts else act))
         self._norm_bwd("input_norm", "n1", g_n1, "x")
 
+    @property
+    def peft_input_casts(self) -> bool:
+        """peft keeps LoRA adapters in fp32 (autocast_adapter_dtype) beside a 16-bit base: each adapter
+        casts its input up and autocast casts it back (validation/microbench/issue15/
+        h100-microbench15b.json "peft": 2 casts forward, 2 backward, a bf16 copy of x saved per adapter);
+        plan.peft_input_cast False: our harness's LoRALinear (validation/harness/model.py), x stays bf16."""
+        return not self.fused and bool(self.plan.lora_rank) and self.plan.peft_input_cast and self.dt.act < 4
+
     # --- the regions torch.compile fuses (graph/compiled_layer.py overrides these) --------------
     @property
     def norm_out_width(self) -> int:

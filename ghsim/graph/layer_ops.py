@@ -256,8 +256,16 @@ class LayerOps:
     # --- projections -----------------------------------------------------------------
     def input_needed(self, projections: list[Projection]) -> bool:
         """Whether backward reads these projections' input: for a weight gradient, or a LoRA
-        adapter's; a frozen projection without an adapter needs only its weight."""
-        return not self.plan.lora_rank or any(lora_targeted(self.plan, p.name) for p in projections)
+        adapter's (unless each adapter keeps its own copy: peft_input_casts); a frozen projection
+        without an adapter needs only its weight."""
+        if not self.plan.lora_rank:
+            return True
+        return not self.peft_input_casts and any(lora_targeted(self.plan, p.name) for p in projections)
+
+    @property
+    def peft_input_casts(self) -> bool:
+        """Whether each adapter casts its input to the adapters' fp32 and back (peft; eager_layer.py)."""
+        return False
 
     def _proj_tokens(self, p: Projection) -> int:
         return self.mlp_tokens if p.experts > 1 else self.T
@@ -307,13 +315,23 @@ class LayerOps:
         return "bf16" if self.dt.gemm == "fp8" else self.dt.gemm
 
     def lora_fwd(self, p: Projection, lora: int, T: int, out_bytes: float) -> list[str]:
-        """The adapter beside projection `p`: x A, then (x A) B added to the output; keeps x A."""
+        """The adapter beside projection `p`: x A, then (x A) B added to the output; keeps x A
+        (and, with peft_input_casts, its own 16-bit copy of x)."""
         dt, gemm = self.dt, self.adapter_dtype
+        keep = []
+        if self.peft_input_casts:
+            # peft casts x to the fp32 adapter's dtype (LoraLayer._cast_input_dtype) and autocast casts
+            # that back to bf16 for lora_A's GEMM, which saves the bf16 copy for its weight gradient
+            x = T * p.n_in
+            self.mem(f"{p.name}.lora_x_up", self.upcast, x * (dt.act + 4), 1, Category.ELEMENTWISE, transient=x * 4)
+            self.mem(f"{p.name}.lora_x_down", self.downcast, x * (4 + dt.act), 1, Category.ELEMENTWISE,
+                     creates={f"{p.name}.lora_x": x * dt.act}, transient=x * 4)
+            keep.append(f"{p.name}.lora_x")
         self.gemm(f"{p.name}.lora_a", T, lora, p.n_in, gemm, creates={f"{p.name}.xa": T * lora * dt.act})
         self.gemm(f"{p.name}.lora_b", T, p.n_out, lora, gemm, transient=out_bytes)
         # scale-and-add, plus autocast's casts of the two fp32 adapters
         self.mem(f"{p.name}.lora_add", "add", out_bytes * 3, 4, Category.ELEMENTWISE, transient=out_bytes)
-        return [f"{p.name}.xa"]
+        return keep + [f"{p.name}.xa"]
 
     def lora_bwd(self, p: Projection, lora: int, T: int, gin: float) -> None:
         """The adapter's gradients (fp32) and its share of the input gradient."""
@@ -322,6 +340,11 @@ class LayerOps:
         self.gemm(f"{p.name}.lora_b.dgrad", T, lora, p.n_out, gemm, transient=T * lora * dt.act)
         self.gemm(f"{p.name}.lora_a.wgrad", lora, p.n_in, T, gemm)
         self.gemm(f"{p.name}.lora_a.dgrad", T, p.n_in, lora, gemm, transient=gin)
+        if self.peft_input_casts:  # the two casts' backward: bf16 -> fp32 (autocast's), fp32 -> bf16 (peft's)
+            x = T * p.n_in
+            self.mem(f"{p.name}.lora_dx_up", self.upcast, x * (dt.act + 4), 1, Category.ELEMENTWISE, transient=x * 4)
+            self.mem(f"{p.name}.lora_dx_down", self.downcast, x * (4 + dt.act), 1, Category.ELEMENTWISE,
+                     transient=x * 4)
         self.mem(f"{p.name}.lora_grad_add", "add", gin * 3, 1, Category.ELEMENTWISE)
         adapter = lora * (p.n_in + p.n_out)
         self.mem(f"{p.name}.lora_grad_cast", self.upcast, adapter * 6, 2, Category.ELEMENTWISE,

@@ -9,12 +9,17 @@ Float8Linear scales dynamically (torchao/float8/float8_linear.py, matmul_with_hp
 - backward: the output gradient is cast twice (one layout per GEMM), the weight cast again for the input
   gradient and the saved input for the weight gradient, plus the layout copies cuBLAS needs; the weight
   gradient comes back in bf16 and autocast casts it to the fp32 .grad.
-Eager, each cast is a chain of PyTorch ops (abs, amax, scale, clamp, cast: 8-10 kernels, measured); under
-torch.compile (plan.compile) Inductor fuses each into 1 (rowwise) or 3 (tensorwise) kernels, writes both
-layouts at once, folds the layout copies in, saves the fp8 input instead of the bf16 one, and casts a
-shared input (q, k and v's; gate and up's) once. Eager casts are priced at their measured rates
-(cost/fp8.py), compiled ones as Inductor's other regions; GEMMs at the fp8 rate (rowwise at its
-measured factor).
+Eager, each cast is a chain of PyTorch ops (abs, amax, scale, clamp, cast: 10-11 kernels; rowwise's
+power-of-2 scales add log2, floor and exp2: validation/microbench/issue15/h100-microbench15b.json "f8lin",
+79-81 kernels per tensorwise linear, 103-105 per rowwise one); under torch.compile (plan.compile) Inductor
+fuses each into 1 (rowwise) or 3 (tensorwise) kernels, folds the layout copies in and casts a shared
+input (q, k and v's; gate and up's) once. Tensorwise writes both layouts of an operand from one scale and
+saves the fp8 input; rowwise scales each GEMM's operands along its own contraction axis, so the weight
+gradient's operands (the input and the output gradient, scaled per column) are cast again from their
+high-precision copies (the compiled kernel list of a rowwise Float8Linear: two casts of each operand).
+Eager casts are priced at their measured rates (cost/fp8.py), compiled ones at the rate a compiled
+Float8Linear's cast kernels reach (hardware_profiles/calibration/inductor_regions.toml
+[fp8_cast_<recipe>]); GEMMs at the fp8 rate (rowwise at its measured factor).
 
 Without a recipe `--precision fp8` keeps its earlier meaning (graph/layer_ops.py): the per-op eager
 quantisation of our own harness (validation/harness/model.py), which validation/cases measured.
@@ -28,14 +33,18 @@ from ghsim.graph.ops import Category
 
 ROWWISE = "rowwise"  # GEMM variant: a rowwise-scaled torch._scaled_mm
 CAST = "fp8cast:"  # op variant of an eager dynamic cast: fp8cast:<recipe>:<bf16|fp32>
-# Kernels per dynamic cast (validation/microbench/issue15 "cast"): eager, by source width (amax,
-# scale and cast as PyTorch ops: 10 from bf16, 8 from fp32); compiled, by recipe (both layouts at once)
-EAGER_CAST_KERNELS = {2: 10, 4: 8}
+# Kernels per dynamic cast, eager by source width, as torchao 0.18 launches them (the kernel lists of one
+# Float8Linear forward+backward: validation/microbench/issue15/h100-microbench15b.json "f8lin"): abs,
+# amax, the scale's clamp, reciprocal and copies (7), then the cast's to-float, multiply, clamp and
+# fp8 copy (4; an fp32 source needs no to-float copy); rowwise's power-of-2 scale rounding adds log2,
+# floor and exp2. Compiled, by recipe (one fused kernel per cast; tensorwise: amax, scale, cast).
+EAGER_CAST_KERNELS = {2: 11, 4: 10}
+ROWWISE_SCALE_ROUNDING_KERNELS = 3
 COMPILED_CAST_KERNELS = {"tensorwise": 3, ROWWISE: 1}
-# eager only: the reciprocal of each scale before every torch._scaled_mm (2), and the layout copies
-# (aten::contiguous) of a linear's backward operands (5 per linear in the 3B trace:
-# validation/measured_libraries/h100-ao-tensorwise-eager-llama3b-mb1-s2048)
-SCALE_RECIPROCALS = 2
+# eager only: the reciprocal of each scale before every torch._scaled_mm (2; rowwise also fills the
+# scale vectors' layout, 2 more), and the layout copies (aten::contiguous) of a linear's backward
+# operands (5 per linear in the 3B trace: validation/measured_libraries/h100-ao-tensorwise-eager-llama3b-mb1-s2048)
+SCALE_RECIPROCALS = {"tensorwise": 2, ROWWISE: 4}
 LAYOUT_COPIES = 5
 
 
@@ -49,17 +58,16 @@ class TorchaoFp8Projections(LayerOps):
     def _fp8_cast(self, name: str, numel: float, src_width: int, outputs: int = 1, creates=None) -> None:
         """One dynamic cast of `numel` elements: the source read, `outputs` fp8 copies written."""
         recipe, compiled = self.torchao_recipe, self.plan.compile
-        kernels = COMPILED_CAST_KERNELS[recipe] if compiled else EAGER_CAST_KERNELS[src_width] * outputs
-        # compiled: Inductor's kernels stream like its other regions (the compiled casts' measured times
-        # are dominated by the wrapper's host time: cost/inductor.py)
-        variant = inductor("fp8_cast") if compiled else cast_variant(recipe, src_width)
+        eager_kernels = EAGER_CAST_KERNELS[src_width] + (ROWWISE_SCALE_ROUNDING_KERNELS if recipe == ROWWISE else 0)
+        kernels = COMPILED_CAST_KERNELS[recipe] if compiled else eager_kernels * outputs
+        variant = inductor(f"fp8_cast_{recipe}") if compiled else cast_variant(recipe, src_width)
         self.mem(name, variant, numel * (src_width + outputs), kernels,
                  Category.ELEMENTWISE, creates=creates, transient=numel * outputs if creates is None else 0.0)
 
     def _fp8_gemm(self, name: str, m: int, n: int, k: int, creates=None, transient: float = 0.0) -> None:
         self.gemm(name, m, n, k, "fp8", creates=creates, transient=transient)
         op = self.ops[-1]
-        kernels = 1 if self.plan.compile else 1 + SCALE_RECIPROCALS
+        kernels = 1 if self.plan.compile else 1 + SCALE_RECIPROCALS[self.torchao_recipe]
         self.ops[-1] = op._replace(variant=ROWWISE if self.torchao_recipe == ROWWISE else "", kernels=kernels)
 
     def _shares_input(self, p: Projection) -> bool:
@@ -88,10 +96,16 @@ class TorchaoFp8Projections(LayerOps):
         forward kept)."""
         dt, compiled = self.dt, self.plan.compile
         g, w = T * p.n_out, p.n_in * p.n_out * p.experts
-        self._fp8_cast(f"{p.name}.fp8_cast_grad", g, dt.act, outputs=2)  # one layout per GEMM
+        rowwise = self.torchao_recipe == ROWWISE
+        if compiled and rowwise:  # per row for the input gradient, per column for the weight gradient
+            self._fp8_cast(f"{p.name}.fp8_cast_grad", g, dt.act)
+            self._fp8_cast(f"{p.name}.fp8_cast_grad.t", g, dt.act)
+        else:
+            self._fp8_cast(f"{p.name}.fp8_cast_grad", g, dt.act, outputs=2)  # one layout per GEMM
         self._fp8_cast(f"{p.name}.fp8_cast_w.bwd", w, dt.param)
-        if not compiled:
+        if not compiled or rowwise:  # compiled rowwise: the saved input cast per column
             self._fp8_cast(f"{p.name}.fp8_cast_x.bwd", T * p.n_in, dt.act)
+        if not compiled:
             moved = g + T * p.n_in + w  # the fp8 operands' transposed copies
             self.mem(f"{p.name}.fp8_layouts", "fp8_transpose", 2 * moved, LAYOUT_COPIES, Category.ELEMENTWISE,
                      transient=moved)

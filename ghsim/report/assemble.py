@@ -319,7 +319,9 @@ def _one_gpu_notes(plan: Plan) -> list[str]:
     peak_dtype = mfu_dtype(plan.precision.value)
     amp = plan.framework.value == "torch-amp" and plan.precision.is_mixed
     notes = [f"precision semantics: {plan.framework.value}"
-             + (" (frozen base weights in 16 bits, fp32 adapters under autocast)" if plan.lora_rank and
+             + (" (frozen base weights in 16 bits, fp32 adapters under autocast"
+                + (", each casting its input to fp32 and back as peft does" if plan.peft_input_cast
+                   and not plan.framework.fused_kernels else "") + ")" if plan.lora_rank and
                 plan.precision.is_mixed else " (fp32 params, autocast casts weights and inputs per op)" if amp else ""),
              f"MFU is relative to the {peak_dtype} dense peak"]
     if plan.zero:  # accepted, as DeepSpeed accepts it: sharding over one rank changes nothing

@@ -38,6 +38,7 @@ from ghsim.graph.parallel import Layout, rank_shard, stage_params
 from ghsim.graph.states import RankStates, node_gpus, rank_states, shards_grads
 from ghsim.graph.step import param_counts
 from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.layer_ops import lora_targeted
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import TORCHAO_FP8_RECIPES, Plan, Precision, Recompute
@@ -104,17 +105,22 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     # (tokens, n_in, n_out, experts, fed by a norm's fp32 output) of every projection
     projs = [(T, h, q, 1, True), (T, h, kv, 1, True), (T, h, kv, 1, True), (T, q, h, 1, False)]
     projs += [(Tm, h, f, experts, True)] * n_mlp_in + [(Tm, f, h, experts, False)]
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", *("gate_proj", "up_proj")[:n_mlp_in], "down_proj"]
+    # peft (graph/eager_layer.peft_input_casts): each adapter keeps its own 16-bit copy of its input and
+    # nothing keeps the shared norm outputs; down's copy replaces the product it would keep
+    peft = bool(r) and plan.peft_input_cast and not plan.framework.fused_kernels and act < 4
 
     torchao = plan.fp8_recipe in TORCHAO_FP8_RECIPES and fp8 and not plan.framework.fused_kernels  # Megatron: TE
     if plan.compile:  # Inductor (graph/compiled_layer.py): no fp32 normalised copies or silu output
         # kept; k and v expanded to the query heads for SDPA; the norms' bf16 outputs (the lower
         # reading: only when every projection keeps its input, and not under fp8)
-        saved = 2 * T * 4 + 3 * T * q * act + T * q * act
+        kv_sdpa = q if plan.modeling == "hf" else kv  # HF's compiled mask path expands k and v
+        saved = 2 * T * 4 + T * (q + 2 * kv_sdpa) * act + T * q * act
         if not (r or fp8):
             saved += 2 * T * h * act
     else:
         saved = 2 * (T * h * 4 + T * 4)  # both norms' fp32 normalised input and rstd
-        if not (dt.autocast_casts or fp8):
+        if not (dt.autocast_casts or fp8 or peft):
             saved += 2 * T * h * rs  # the norms' outputs feed the projections directly
         saved += T * (q + 2 * kv) * act + T * q * act  # rotated q, k; v; attention output
     if plan.recompute != Recompute.SELECTIVE:
@@ -124,7 +130,9 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     # fewer: the lower reading)
     saved += (n_mlp_in + (2 if ep == 1 and not plan.compile else 1)) * Tm * f * act
     copies = 0.0
-    for tokens, n_in, n_out, e, from_norm in projs:
+    for name, (tokens, n_in, n_out, e, from_norm) in zip(names, projs):
+        if peft and name != "down_proj" and lora_targeted(plan, name):
+            saved += tokens * n_in * act
         if fp8 and plan.framework.fused_kernels:
             # Transformer Engine: one fp8 copy of the input (its transpose, for the weight gradient);
             # the fp8 weights are a cache held all step (graph/states.fp8_weight_cache)

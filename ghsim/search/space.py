@@ -55,6 +55,7 @@ SEARCHED = ("precision", "recompute", "zero", "offload", "offload_ratio", "offlo
 LAYOUT = ("tp", "pp", "ep")  # the parallel split: a search space holds them together, as splits
 GIVEN = ("gpus", "gpus_per_node", "seq", "global_batch", "lora_rank", "dataloader_workers", "batch_prep_s",
          "offload_pinned", "framework", "optimizer_impl", "lora_targets", "fused_norm", "rope_cast", "compile",
+         "peft_input_cast", "modeling",
          "fp8_recipe", "fp8_params",
          # the host's CPU optimizer as the user's library runs it: facts, not choices
          "cpu_optimizer", "cpu_threads", "cpu_cores_share", "grad_clip",

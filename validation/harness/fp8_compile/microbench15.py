@@ -232,21 +232,26 @@ def main():
     for part, fn in (("ceil", ceilings), ("mm", scaled_mm_bench), ("cast", cast_bench), ("sdpa", sdpa_bench)):
         if part not in a.parts.split(","):
             continue
-        t0 = time.time()
-        try:
-            if part == "ceil":
-                fn(res)
-            else:
-                res[part] = fn(a.quick)
-        except Exception:  # noqa: BLE001
-            res[part + "_error"] = traceback.format_exc()[-3000:]
-            print(res[part + "_error"], flush=True)
-        res[part + "_wall_s"] = time.time() - t0
-        print(f"{part} done in {time.time() - t0:.0f}s", flush=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        torch.cuda.empty_cache()
+        run_part(res, part, (lambda fn=fn: fn(res)) if part == "ceil" else (lambda fn=fn: fn(a.quick)), a.out)
     summarize(res)
+
+
+def run_part(res, part, call, out):
+    """One part of a microbenchmark run: its rows (or its error) into res[part], its wall time, and the
+    JSON written again, so that a later part's failure or timeout loses nothing before it."""
+    t0 = time.time()
+    try:
+        rows = call()
+        if rows is not None:
+            res[part] = rows
+    except Exception:  # noqa: BLE001
+        res[part + "_error"] = traceback.format_exc()[-3000:]
+        print(res[part + "_error"], flush=True)
+    res[part + "_wall_s"] = time.time() - t0
+    print(f"{part} done in {time.time() - t0:.0f}s", flush=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    torch.cuda.empty_cache()
 
 
 def summarize(res):
