@@ -115,8 +115,10 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
     plan, note = deepspeed_sub_group_ratio(plan, param_counts(model, plan).trainable)
-    report = simulate_prepared(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)
-    return dataclasses.replace(report, notes=report.notes + (note,)) if note else report
+    calibration = calibration or load_calibration(hw.calibration)
+    report = simulate_prepared(model, hw, plan, calibration, keep_timeline)
+    notes = tuple(n for n in (note, measured_blocks.note(model, hw, plan, calibration)) if n)
+    return dataclasses.replace(report, notes=report.notes + notes) if notes else report
 
 
 

@@ -24,6 +24,7 @@ from ghsim.graph.ops import Category, Kind, Op
 from ghsim.tomlio import read_toml, repo_root
 
 if TYPE_CHECKING:
+    from ghsim.cost.calibration import Calibration
     from ghsim.graph.step import LayerTemplates
     from ghsim.hardware import Hardware
     from ghsim.model import ModelSpec
@@ -48,6 +49,14 @@ def applies(model: "ModelSpec", hw: "Hardware", plan: "Plan") -> bool:
             and plan.precision.value in a["precision"] and plan.seq == a["seq"]
             and f"tp{plan.tp}" in _table() and not plan.sequence_parallel and plan.lora_rank == 0
             and not plan.compile and all(getattr(model, k) == a[k] for k in SHAPE_KEYS))
+
+
+def note(model: "ModelSpec", hw: "Hardware", plan: "Plan", calibration: "Calibration") -> str:
+    """What the report says when the profile prices the plan's layers ("" otherwise)."""
+    if calibration.overlay is not None or not applies(model, hw, plan):
+        return ""
+    return (f"decoder block and LM head timed on GH200 by Sailor's published per-layer profile "
+            f"({TABLE.relative_to(repo_root())}), not by the H100 microbenchmarks")
 
 
 def gpu_bound_points(tp: int, layer: str) -> list[tuple[int, float]]:
