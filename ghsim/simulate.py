@@ -435,7 +435,8 @@ def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration
     check_offload(plan)
     pricing = RankPricing.of(hw, plan, calibration, fabric, host_side)
     # GH200 blocks a published profiler measured (cost/measured_blocks.py): their time, not the H100 microbenchmarks'
-    measured = measured_blocks.corrections(model, hw, plan, pricing, lambda p: rank_templates(model, p, pricing.layout))
+    measured = measured_blocks.corrections(model, hw, plan, pricing.cost, pricing.price,
+                                           lambda p: rank_templates(model, p, pricing.layout))
     if measured is not None:
         pricing = replace(pricing, cost=replace(pricing.cost, corrections=measured))
     build = PlanBuild(pricing, resolve_offload(plan), rank_templates(model, plan, pricing.layout), PriceBook(pricing))

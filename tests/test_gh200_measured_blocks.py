@@ -51,7 +51,7 @@ def test_corrected_layers_take_the_measured_time(sailor_case, quad):
     assert len(factors) == 2 and all(2.0 < f < 3.5 for f in factors)  # block, head
     for mb, measured in measured_blocks.gpu_bound_points(plan.tp, "block"):
         ops = measured_blocks.profiled_layers(rank_templates(model, plan.with_(micro_batch=mb), build.layout))["block"]
-        kernels, comm = measured_blocks.layer_prices(ops, build.rank)
+        kernels, comm = measured_blocks.layer_prices(ops, build.rank.price)
         assert kernels + comm == pytest.approx(measured, rel=0.04)
 
 
@@ -62,7 +62,8 @@ def test_other_plans_keep_the_microbenchmark_prices(quad):
                 framework=Framework.MEGATRON_LEGACY)
     cal = load_calibration(quad.calibration)
     pricing = RankPricing.of(quad, plan, cal)
-    assert measured_blocks.corrections(model, quad, plan, pricing, lambda p: rank_templates(model, p, pricing.layout)) is None
+    assert measured_blocks.corrections(model, quad, plan, pricing.cost, pricing.price,
+                                       lambda p: rank_templates(model, p, pricing.layout)) is None
     assert prepare(model, quad, plan, cal).rank.cost.corrections is None
 
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from ghsim.graph.step import LayerTemplates
     from ghsim.hardware import Hardware
     from ghsim.model import ModelSpec
+    from ghsim.cost.compute import CostModel
     from ghsim.plan import Plan
-    from ghsim.plan_build import RankPricing
 
 TABLE = repo_root() / "hardware_profiles" / "calibration" / "gh200_measured_blocks.toml"
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_kv_heads", "head_dim")
@@ -70,14 +70,15 @@ def gpu_bound_points(tp: int, layer: str) -> list[tuple[int, float]]:
     return points
 
 
-def layer_prices(ops: Iterable[Op], pricing: "RankPricing") -> tuple[float, float]:
-    """ghsim's seconds for a layer's ops: its compute kernels, and its collectives."""
+def layer_prices(ops: Iterable[Op], price: Callable[[Op], float]) -> tuple[float, float]:
+    """ghsim's seconds for a layer's ops (`price`: a rank's, collectives on its links): its compute
+    kernels, and its collectives."""
     kernels = comm = 0.0
     for op in ops:
         if op.kind == Kind.COLLECTIVE:
-            comm += pricing.price(op)
+            comm += price(op)
         elif op.category in SCALED:
-            kernels += pricing.price(op)
+            kernels += price(op)
     return kernels, comm
 
 
@@ -88,20 +89,21 @@ def profiled_layers(templates: "LayerTemplates") -> dict[str, tuple[Op, ...]]:
             "head": tuple(op for op in (*templates.loss_fwd, *templates.loss_bwd) if op.name in head)}
 
 
-def corrections(model: "ModelSpec", hw: "Hardware", plan: "Plan", pricing: "RankPricing",
+def corrections(model: "ModelSpec", hw: "Hardware", plan: "Plan", cost: "CostModel", price: Callable[[Op], float],
                 templates_at: Callable[["Plan"], "LayerTemplates"]) -> Corrections | None:
-    """Per-op factors for a plan the profile covers (None otherwise). `templates_at(plan)` builds the
-    rank's layer templates of a plan. A layer's factor: at each GPU-bound profiled micro-batch, like
+    """Per-op factors for a plan the profile covers (None otherwise). `cost`: the rank's cost model (an
+    overlay's corrections there take precedence); `price`: the rank's price of an op (RankPricing.price);
+    `templates_at(plan)` builds the rank's layer templates of a plan. A layer's factor: at each GPU-bound profiled micro-batch, like
     with like, (measured time - ghsim's collectives) / ghsim's kernels at that micro-batch; the median
     over them, applied at any micro-batch (the ratio holds within 4% from 8 to 128 sequences)."""
-    if pricing.cost.corrections is not None or not applies(model, hw, plan):
+    if cost.corrections is not None or not applies(model, hw, plan):
         return None
     ratios: dict[str, list[float]] = {}
     names: dict[str, set[str]] = {}
     for layer in ("block", "head"):
         for mb, measured in gpu_bound_points(plan.tp, layer):
             ops = profiled_layers(templates_at(plan.with_(micro_batch=mb)))[layer]
-            kernels, comm = layer_prices(ops, pricing)
+            kernels, comm = layer_prices(ops, price)
             if kernels > 0:
                 ratios.setdefault(layer, []).append(max(measured - comm, 0.0) / kernels)
                 names.setdefault(layer, set()).update(op.name for op in ops if op.category in SCALED)
