@@ -41,6 +41,7 @@ import numpy as np
 
 from ghsim.report.breakdown import OpColumns, Segment, window
 from ghsim.cost.calibration import Calibration, load_calibration
+from ghsim.cost import measured_blocks
 from ghsim.cost.compute import CostModel
 from ghsim.cost.hostlink import HostSide
 from ghsim.cost.links import NCCL_CTAS, Fabric
@@ -114,8 +115,10 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
     plan, note = deepspeed_sub_group_ratio(plan, param_counts(model, plan).trainable)
-    report = simulate_prepared(model, hw, plan, calibration or load_calibration(hw.calibration), keep_timeline)
-    return dataclasses.replace(report, notes=report.notes + (note,)) if note else report
+    calibration = calibration or load_calibration(hw.calibration)
+    report = simulate_prepared(model, hw, plan, calibration, keep_timeline)
+    notes = tuple(n for n in (note, measured_blocks.note(model, hw, plan, calibration)) if n)
+    return dataclasses.replace(report, notes=report.notes + notes) if notes else report
 
 
 
@@ -484,6 +487,11 @@ def prepare(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration
     pricing and its op templates: a PlanBuild the plan's later questions build on."""
     check_offload(plan)
     pricing = RankPricing.of(hw, plan, calibration, fabric, host_side)
+    # GH200 blocks a published profiler measured (cost/measured_blocks.py): their time, not the H100 microbenchmarks'
+    measured = measured_blocks.corrections(model, hw, plan, pricing.cost, pricing.price,
+                                           lambda p: rank_templates(model, p, pricing.layout))
+    if measured is not None:
+        pricing = replace(pricing, cost=replace(pricing.cost, corrections=measured))
     build = PlanBuild(pricing, resolve_offload(plan), rank_templates(model, plan, pricing.layout), PriceBook(pricing))
     check_host_memory(model, hw, plan, build)
     return build

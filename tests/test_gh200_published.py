@@ -40,13 +40,13 @@ def test_every_published_gh200_case_is_simulated_on_the_quad_node(sailor, eth):
 
 def test_sailor_accuracy_does_not_regress(sailor):
     s = summary(sailor)
-    # 0.170 since the cases state Sailor's uneven pipeline split (13 blocks + head on the last of 2 stages):
-    # ghsim's per-block fp32 price (11-17 % slow at PP 1) now shows at PP 2 too; 0.130 with the even split
-    assert s["step_time_rel"]["median"] <= 0.18
+    # 0.143 with TF32 GEMMs and the blocks' GH200 time from Sailor's own profile (cost/measured_blocks.py);
+    # 0.170 before (fp32 GEMMs at the H100 rate); the micro-batch 1-4 steps (host-bound) carry the median
+    assert s["step_time_rel"]["median"] <= 0.15
     # 0.040 against the device total with the split and NCCL's buffers (0.109 before, 0.127 against the allocated peak)
     assert s["peak_memory_rel"]["median"] <= 0.05
-    big_batches = [r for r in sailor if r.case.plan.micro_batch >= 4]
-    assert all(abs(r.errors["step_time_rel"]) <= 0.20 for r in big_batches)
+    big_batches = [r for r in sailor if r.case.plan.micro_batch >= 8]  # -1.4 .. -14.7 %
+    assert len(big_batches) == 9 and all(abs(r.errors["step_time_rel"]) <= 0.16 for r in big_batches)
 
 
 def test_eth_memory_stays_close_and_step_time_is_reported(eth):

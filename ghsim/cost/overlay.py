@@ -98,8 +98,13 @@ class Corrections:
     # attention's factor holds at the shape it was fitted at only: the measured error of the
     # microbenchmarks' attention efficiency changes with batch x heads (validation/README.md)
     attention_shapes: frozenset = frozenset()
+    # a factor for named ops, ahead of their category's (cost/measured_blocks.py: a profiled layer's kernels)
+    by_name: Mapping[str, float] = field(default_factory=dict)
 
     def op_factor(self, op: Any) -> float:
+        named = self.by_name.get(op.name) if self.by_name else None
+        if named is not None:
+            return named
         kind = op.kind
         if kind == Kind.H2D:
             return self.copy.get("HtoD", 1.0)

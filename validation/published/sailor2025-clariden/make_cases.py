@@ -5,7 +5,8 @@ sailor/Planner/simulations/validation/clariden/OPT-350/N*/plan_config_*.json ("r
 iteration time in s, "max_mem" = measured GPU memory in bytes), the paper's Fig. 5b data
 (ae_scripts/validation/run_gh200_time.sh, run_gh200_mem.sh read these files). How they were measured:
 ae_scripts/clariden_scripts/run_opt.slurm (Megatron-DeepSpeed pretrain_gpt.py: 24 layers, hidden 1024,
-16 heads, seq 2048, no --fp16/--bf16 flag, so fp32; DeepSpeed AdamW, zero_optimization {} = stage 0;
+16 heads, seq 2048, no --fp16/--bf16 flag, so fp32 tensors, with TF32 GEMMs: the image, nvcr.io/nvidia/pytorch:24.10-py3
+(Dockerfile line 1), sets TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 and nothing in the repository turns TF32 off; DeepSpeed AdamW, zero_optimization {} = stage 0;
 torchrun --nproc_per_node 4 = TP 4 inside each quad node) and process_results.py ("real": mean of
 the 'Iteration' times in sailor_log_worker_rank_0 after the first 3; "max_mem": the largest, over
 ranks, last nvidia-smi memory.used reading of the run, deepspeed/pipe_engine.py get_total_used_mem).
@@ -74,7 +75,7 @@ def case_toml(path: str, nodes: int, pp: int, dp: int, mb: int, gb: int, real: f
     gpus = 4 * nodes
     return f'''[case]
 name = "{case_name(nodes, pp, dp, mb, gb)}"
-description = "Sailor (SOSP'25) Fig. 5b: OPT-350M fp32, Megatron-DeepSpeed, TP 4 in each quad-GH200 node x PP {pp} x DP {dp} on {nodes} node(s), micro-batch {mb}, global batch {gb}"
+description = "Sailor (SOSP'25) Fig. 5b: OPT-350M fp32 with TF32 GEMMs, Megatron-DeepSpeed, TP 4 in each quad-GH200 node x PP {pp} x DP {dp} on {nodes} node(s), micro-batch {mb}, global batch {gb}"
 hardware = "gh200-96gb-quad"
 published = true
 source = "github.com/{REPO} commit {COMMIT}, {WHERE}/{path} (real, max_mem)"
@@ -88,7 +89,7 @@ gpus = {gpus}
 gpus_per_node = 4
 tp = 4
 pp = {pp}
-{pp_layers(pp)}precision = "fp32"
+{pp_layers(pp)}precision = "tf32"  # fp32 tensors, TF32 GEMMs (NGC PyTorch 24.10 sets TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1)
 recompute = "none"
 micro_batch = {mb}
 global_batch = {gb}
