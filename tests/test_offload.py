@@ -11,6 +11,7 @@ import pytest
 from ghsim.cost.compute import CostModel
 from ghsim.cost.cpu_optimizer import curve_of
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.library_overheads import training_process_host_bytes
 from ghsim.errors import GhsimError
 from ghsim.graph.states import pinned_tensor_blocks
 from ghsim.graph.step import trainable_tensor_sizes
@@ -137,7 +138,8 @@ def test_activation_offload_overlapped_beats_save_on_cpu(cal):
 def test_full_recompute_offloads_the_checkpoints(cal):
     r = run(cal, PCIE, recompute="full", offload=frozenset({"activations"}), offload_schedule="overlapped")
     x = 4 * 2048 * SMALL.hidden_size * 4  # fp32 residual stream under torch-amp
-    assert r.host.peak_bytes == pytest.approx(SMALL.num_layers * x, rel=1e-6)
+    # the checkpoints, in a training process holding its own measured memory
+    assert r.host.peak_bytes == pytest.approx(SMALL.num_layers * x + training_process_host_bytes(), rel=1e-6)
 
 
 def test_parameter_offload_fetches_each_layer_twice(cal):
@@ -171,7 +173,8 @@ def test_report_has_memory_tiers_and_offload_section(cal):
     # the moments pageable; each tensor's fp32 master and gradient in its own power-of-two pinned block
     blocks = pinned_tensor_blocks(trainable_tensor_sizes(SMALL, Plan()))
     assert blocks > 1.0
-    assert mem["host_peak_bytes"] == pytest.approx((8 + 8 * blocks) * SMALL.total_params)
+    assert mem["host_peak_bytes"] == pytest.approx((8 + 8 * blocks) * SMALL.total_params + training_process_host_bytes())
+    assert mem["host_breakdown"]["training_process"] == training_process_host_bytes()
     assert {"master_params", "optimizer_states", "grads"} <= set(mem["host_breakdown"])
     assert d["offload"]["bytes_d2h"] > 0 and d["offload"]["cpu_optimizer_s"] > 0
     assert "wait_cpu" in d["time_breakdown_s"]
