@@ -346,3 +346,14 @@ def test_clipping_with_nothing_on_the_host_is_no_host_pass(cal, framework):
     index an empty list)."""
     r = run(cal, offload=OPT, framework=framework, offload_ratio=0.0, grad_clip=True, zero=3)
     assert not any(op.name.startswith("grads.") and op.resource == "cpu" for op in r.timeline.ops)
+
+
+def test_deepspeed_zero_offload_checks_each_gradient_on_the_gpu(cal):
+    # stage 1/2 ZeRO-Offload: bucket copy, fp64 norm and overflow check per gradient before it leaves;
+    # not the harness's own overlapped loop, whose gradients go straight down
+    ds = graph_of(cal, offload=OPT, framework="deepspeed", zero=2, offload_schedule="overlapped")
+    checks = named(ds, "ds.grad_checks")
+    assert checks and all(ds.ops[i].phase == "bwd" for i in checks)
+    # bf16: the bucket copy (2 + 2), the fp64 cast and norm (2 + 8 + 8), amax and amin (2 + 2)
+    assert sum(ds.ops[i].bytes for i in checks) == pytest.approx(26 * SMALL.total_params, rel=1e-6)
+    assert not named(graph_of(cal, offload=OPT, zero=2, offload_schedule="overlapped"), "ds.grad_checks")

@@ -56,12 +56,24 @@ def zero3_hooks(model, plan, phase: str) -> list[Op]:
                variant=ZERO3_HOOKS, params=float(modules), kernels=0, phase=phase, host_waits=True)]
 
 
-def _pass(name: str, nbytes: float, kernels: int, width: int) -> Op:
-    return Op(name=name, category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=Resource.GPU,
-              variant=dtyped("copy", width), bytes=nbytes, kernels=kernels, phase=Phase.OPT)
+def _pass(name: str, nbytes: float, kernels: int, width: int, phase: str = Phase.OPT,
+          stream: str = Resource.GPU) -> Op:
+    return Op(name=name, category=Category.ELEMENTWISE, kind=K.MEMBOUND, resource=stream,
+              variant=dtyped("copy", width), bytes=nbytes, kernels=kernels, phase=phase)
 
 
-def _grad_norm_bytes(zero: int, g: int) -> float:
+def offload_grad_checks(params: float, grad_width: int, stream: str) -> Op:
+    """ZeRO-Offload at stage 1/2, per gradient as the backward hooks move it (stage_1_and_2.py
+    copy_grads_in_partition with cpu_offload): its copy into the reduce bucket, its norm in fp64
+    (set_norm_for_param_grad_in_gpu) and its overflow check (amax, amin), on the GPU before the
+    gradient leaves for the host; the ZeRO-2 offload traces show the same fp64 NormTwoOps and
+    16-bit reductions as the step without offload."""
+    g = grad_width
+    return _pass("ds.grad_checks", (2 * g + grad_norm_bytes(2, g)) * params, NORM_KERNELS_PER_TENSOR, g,
+                 Phase.BWD, stream)
+
+
+def grad_norm_bytes(zero: int, g: int) -> float:
     """Bytes per parameter of the gradient norm and its overflow check. Stage 1/2
     (get_grad_norm_direct, has_inf_or_nan in DeepSpeed 0.19) casts every 16-bit gradient to fp64
     before vector_norm (get_norm_dtype: fp64 where the device has it) and checks it with an amax
@@ -86,7 +98,7 @@ def deepspeed_optimizer_ops(params: float, n_tensors: int, zero: int, grad_width
     fp32 = 4 * (P if zero <= 2 else min(P, SUB_GROUP_PARAMS))  # the fp32 gradient held at once
     widen = _pass("ds.grads_to_fp32", (g + 4) * P, 2, 4).with_hbm(_TAG, fp32)
     ops.append(widen.with_hbm(_TAG, -g * P) if zero <= 2 else widen)
-    ops.append(_pass("ds.grad_norm", _grad_norm_bytes(zero, g) * P, NORM_KERNELS_PER_TENSOR * n_tensors, 4))
+    ops.append(_pass("ds.grad_norm", grad_norm_bytes(zero, g) * P, NORM_KERNELS_PER_TENSOR * n_tensors, 4))
     if clip:
         ops.append(_pass("ds.clip_grads", 8 * P, 1, 4))
     ops.append(gpu_adamw("adamw.fused", P, n_tensors, "fused"))
