@@ -349,11 +349,15 @@ def test_clipping_with_nothing_on_the_host_is_no_host_pass(cal, framework):
 
 
 def test_deepspeed_zero_offload_checks_each_gradient_on_the_gpu(cal):
-    # stage 1/2 ZeRO-Offload: bucket copy, fp64 norm and overflow check per gradient before it leaves;
-    # not the harness's own overlapped loop, whose gradients go straight down
-    ds = graph_of(cal, offload=OPT, framework="deepspeed", zero=2, offload_schedule="overlapped")
-    checks = named(ds, "ds.grad_checks")
-    assert checks and all(ds.ops[i].phase == "bwd" for i in checks)
-    # bf16: the bucket copy (2 + 2), the fp64 cast and norm (2 + 8 + 8), amax and amin (2 + 2)
-    assert sum(ds.ops[i].bytes for i in checks) == pytest.approx(26 * SMALL.total_params, rel=1e-6)
+    # stage 1/2 ZeRO-Offload: bucket copy every micro-batch; fp64 norm and overflow check per
+    # gradient at the accumulation boundary, before it leaves; not the harness's own overlapped
+    # loop, whose gradients go straight down
+    for accum in (1, 2):
+        ds = graph_of(cal, offload=OPT, framework="deepspeed", zero=2, offload_schedule="overlapped",
+                      global_batch=4 * accum)
+        checks, bucket = named(ds, "ds.grad_checks"), named(ds, "ds.grads_to_bucket")
+        assert checks and all(ds.ops[i].phase == "bwd" for i in checks + bucket)
+        # bf16: the fp64 cast and norm (2 + 8 + 8), amax and amin (2 + 2), once; the bucket copy (2 + 2) each time
+        assert sum(ds.ops[i].bytes for i in checks) == pytest.approx(22 * SMALL.total_params, rel=1e-6)
+        assert sum(ds.ops[i].bytes for i in bucket) == pytest.approx(4 * accum * SMALL.total_params, rel=1e-6)
     assert not named(graph_of(cal, offload=OPT, zero=2, offload_schedule="overlapped"), "ds.grad_checks")

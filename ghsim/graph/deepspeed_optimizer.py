@@ -62,15 +62,19 @@ def _pass(name: str, nbytes: float, kernels: int, width: int, phase: str = Phase
               variant=dtyped("copy", width), bytes=nbytes, kernels=kernels, phase=phase)
 
 
-def offload_grad_checks(params: float, grad_width: int, stream: str) -> Op:
+def offload_grad_checks(params: float, grad_width: int, stream: str, boundary: bool) -> list[Op]:
     """ZeRO-Offload at stage 1/2, per gradient as the backward hooks move it (stage_1_and_2.py
-    copy_grads_in_partition with cpu_offload): its copy into the reduce bucket, its norm in fp64
+    copy_grads_in_partition with cpu_offload): its copy into the reduce bucket, every micro-batch;
+    at the accumulation boundary (`boundary`: the step's last micro-batch) also its norm in fp64
     (set_norm_for_param_grad_in_gpu) and its overflow check (amax, amin), on the GPU before the
     gradient leaves for the host; the ZeRO-2 offload traces show the same fp64 NormTwoOps and
     16-bit reductions as the step without offload."""
     g = grad_width
-    return _pass("ds.grad_checks", (2 * g + grad_norm_bytes(2, g)) * params, NORM_KERNELS_PER_TENSOR, g,
-                 Phase.BWD, stream)
+    ops = [_pass("ds.grads_to_bucket", 2 * g * params, 1, g, Phase.BWD, stream)]
+    if boundary:
+        ops.append(_pass("ds.grad_checks", grad_norm_bytes(2, g) * params, NORM_KERNELS_PER_TENSOR, g,
+                         Phase.BWD, stream))
+    return ops
 
 
 def grad_norm_bytes(zero: int, g: int) -> float:
