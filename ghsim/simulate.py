@@ -44,6 +44,7 @@ from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.cost import measured_blocks
 from ghsim.cost.compute import CostModel
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.library_overheads import training_process_host_bytes
 from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.cost.offload_policy import transfer_widths
 from ghsim.errors import GhsimError
@@ -578,7 +579,7 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
     less what is offloaded, and its framework's buckets), the kernel-level replay of its final
     micro-batch, and the activations of the other micro-batches 1F1B keeps in flight (on the
     host, when activations are offloaded). Host memory: the node's, every GPU of it holding
-    what this one holds."""
+    what this one holds (under offload, plus each training process's own measured memory)."""
     pp, v, M = layout.pp, layout.interleave, plan.grad_accum
     js = [c * pp + d for c in range(v)]
     account = rank_states(plan, layout.dp, stage_params(model, plan, layout, d), setup)
@@ -602,6 +603,9 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
     host_static = dict(account.host)
     if host_extra:
         host_static["pipeline_offloaded_activations"] = host_extra
+    if host_static or any(op.host_alloc for op in worst.graph.ops):
+        # what is offloaded sits in a process that holds memory of its own, as top shows it
+        host_static["training_process"] = training_process_host_bytes()
     host = per_node(host_peak(worst.graph.ops, host_static), node_gpus)
     return worst_peak, host
 

@@ -11,6 +11,7 @@ import pytest
 from ghsim.cost.compute import CostModel
 from ghsim.cost.cpu_optimizer import curve_of
 from ghsim.cost.hostlink import HostSide
+from ghsim.cost.library_overheads import training_process_host_bytes
 from ghsim.errors import GhsimError
 from ghsim.graph.states import pinned_tensor_blocks
 from ghsim.graph.step import trainable_tensor_sizes
@@ -137,7 +138,8 @@ def test_activation_offload_overlapped_beats_save_on_cpu(cal):
 def test_full_recompute_offloads_the_checkpoints(cal):
     r = run(cal, PCIE, recompute="full", offload=frozenset({"activations"}), offload_schedule="overlapped")
     x = 4 * 2048 * SMALL.hidden_size * 4  # fp32 residual stream under torch-amp
-    assert r.host.peak_bytes == pytest.approx(SMALL.num_layers * x, rel=1e-6)
+    # the checkpoints, in a training process holding its own measured memory
+    assert r.host.peak_bytes == pytest.approx(SMALL.num_layers * x + training_process_host_bytes(), rel=1e-6)
 
 
 def test_parameter_offload_fetches_each_layer_twice(cal):
@@ -171,7 +173,8 @@ def test_report_has_memory_tiers_and_offload_section(cal):
     # the moments pageable; each tensor's fp32 master and gradient in its own power-of-two pinned block
     blocks = pinned_tensor_blocks(trainable_tensor_sizes(SMALL, Plan()))
     assert blocks > 1.0
-    assert mem["host_peak_bytes"] == pytest.approx((8 + 8 * blocks) * SMALL.total_params)
+    assert mem["host_peak_bytes"] == pytest.approx((8 + 8 * blocks) * SMALL.total_params + training_process_host_bytes())
+    assert mem["host_breakdown"]["training_process"] == training_process_host_bytes()
     assert {"master_params", "optimizer_states", "grads"} <= set(mem["host_breakdown"])
     assert d["offload"]["bytes_d2h"] > 0 and d["offload"]["cpu_optimizer_s"] > 0
     assert "wait_cpu" in d["time_breakdown_s"]
@@ -343,3 +346,18 @@ def test_clipping_with_nothing_on_the_host_is_no_host_pass(cal, framework):
     index an empty list)."""
     r = run(cal, offload=OPT, framework=framework, offload_ratio=0.0, grad_clip=True, zero=3)
     assert not any(op.name.startswith("grads.") and op.resource == "cpu" for op in r.timeline.ops)
+
+
+def test_deepspeed_zero_offload_checks_each_gradient_on_the_gpu(cal):
+    # stage 1/2 ZeRO-Offload: bucket copy every micro-batch; fp64 norm and overflow check per
+    # gradient at the accumulation boundary, before it leaves; not the harness's own overlapped
+    # loop, whose gradients go straight down
+    for accum in (1, 2):
+        ds = graph_of(cal, offload=OPT, framework="deepspeed", zero=2, offload_schedule="overlapped",
+                      global_batch=4 * accum)
+        checks, bucket = named(ds, "ds.grad_checks"), named(ds, "ds.grads_to_bucket")
+        assert checks and all(ds.ops[i].phase == "bwd" for i in checks + bucket)
+        # bf16: the fp64 cast and norm (2 + 8 + 8), amax and amin (2 + 2), once; the bucket copy (2 + 2) each time
+        assert sum(ds.ops[i].bytes for i in checks) == pytest.approx(22 * SMALL.total_params, rel=1e-6)
+        assert sum(ds.ops[i].bytes for i in bucket) == pytest.approx(4 * accum * SMALL.total_params, rel=1e-6)
+    assert not named(graph_of(cal, offload=OPT, zero=2, offload_schedule="overlapped"), "ds.grad_checks")

@@ -57,3 +57,9 @@ def superoffload_worker_pace() -> tuple[float, float]:
     over (queue, the copy of the gradient into its pinned buffer's first use, the result back)."""
     return (_figure("deepspeed_superoffload", "worker_rate_share"),
             _figure("deepspeed_superoffload", "handoff_s_per_sub_group"))
+
+
+def training_process_host_bytes() -> float:
+    """Host memory the training process holds of its own (torch, the CUDA context, cuBLAS and
+    cuDNN, transformers), measured on an x86 host; assumed the same elsewhere."""
+    return _figure("training_process", "host_bytes")

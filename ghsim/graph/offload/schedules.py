@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ghsim.graph import ops as K
+from ghsim.graph.deepspeed_optimizer import offload_grad_checks
 from ghsim.graph.offload.ops import _gpu_adam, _marker, blocking_cast, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload.rewrite import BWD, FWD, New
 from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
@@ -119,7 +120,7 @@ def _optimizer(rw, sources: list[GradSource], plan, facts, setup, new, grad_widt
     # alike pieces (every layer's) share their op objects, priced once; only ops without tagged
     # HBM changes are shared, so that the memory breakdown adds the same numbers in the same order
     alike: dict[tuple, Op] = {}
-    arrivals = _grads_to_host(rw, sources, on_cpu, setup, new, widths, duplex_bwd, last_mb, alike)
+    arrivals = _grads_to_host(rw, sources, on_cpu, setup, new, widths, duplex_bwd, last_mb, alike, grad_width, steps)
     if not steps:
         return
     if gpu_params > 0:  # the GPU's share, after backward (and its gradients' reduction), on the compute stream
@@ -151,9 +152,10 @@ def _shared(alike: dict[tuple, Op], key: tuple, make) -> Op:
 
 
 def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, last_mb: int,
-                   alike: dict[tuple, Op]) -> list[tuple[New, float, GradSource]]:
+                   alike: dict[tuple, Op], grad_width: int, steps: bool) -> list[tuple[New, float, GradSource]]:
     """Each CPU piece's gradients down to the host (cast on the GPU or the CPU, accumulated on the
-    host after the first micro-batch); returns each last-micro-batch piece's last op on its way."""
+    host after the first micro-batch); returns each last-micro-batch piece's last op on its way.
+    `steps`: the step's accumulation boundary is in this graph (its last micro-batch)."""
     arrivals: list[tuple[New, float, GradSource]] = []
     for src in sources:
         if src.key not in on_cpu:
@@ -167,6 +169,12 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
                 hop = _shared(alike, (name, params, lane), lambda: copy_op(
                     name, kind, params * 2, BWD, setup, lane).evolve(pinned=True))
                 deps = [rw.insert_after(at, new(hop, deps, layer, mb))]
+        if setup.gpu_grad_checks:
+            boundary = steps and mb == last_mb
+            checks = _shared(alike, ("ds.grad_checks", params, src.stream, boundary),
+                             lambda: offload_grad_checks(params, int(grad_width), src.stream, boundary))
+            for op in checks:
+                deps = [rw.insert_after(at, new(op, deps, layer, mb))]
         if widths.grad_gpu_cast:
             cast = _shared(alike, ("grads.cast_fp32", params, src.stream),
                            lambda: gpu_cast("grads.cast_fp32", params, BWD, src.stream))

@@ -37,6 +37,9 @@ class OffloadSetup:
     # to fp32 on the GPU and copied into the pinned fp32 buffer on the stream that made it, and
     # the host step runs pass by pass (schedules._zero_offload_step)
     serial_grad_copies: bool = False
+    # DeepSpeed's ZeRO-Offload (stage 1/2): each gradient's bucket copy, fp64 norm and overflow
+    # check run on the GPU as it leaves (deepspeed_optimizer.offload_grad_checks)
+    gpu_grad_checks: bool = False
     # gradients leave on the stream that made them (stage 1/2 above; clipped SuperOffload's
     # copies into pageable memory, which block the backward thread)
     grads_on_compute_stream: bool = False
@@ -102,6 +105,7 @@ def resolve(plan: Plan) -> OffloadSetup:
         # coherent C2C pageable memory moves at near the pinned rate, on PCIe at a fraction
         pinned=plan.offload_pinned and schedule != OffloadSchedule.SUPEROFFLOAD,
         serial_grad_copies=zero_offload,
+        gpu_grad_checks=zero_offload and plan.framework == Framework.DEEPSPEED,
         grads_on_compute_stream=zero_offload or clipped_superoffload,
         pageable_param_return=(schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3)
         or clipped_superoffload,
