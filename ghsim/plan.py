@@ -153,6 +153,9 @@ class Plan:
     cpu_threads: int = 0  # threads the CPU optimizer runs on per GPU; 0: what its launcher gives it
     cpu_cores_share: float = 0.0  # SuperOffload's cpuadam_cores_perc: cores its CPU-Adam worker gets; 0: 0.8
     grad_clip: bool = False  # gradients clipped by their global norm (DeepSpeed gradient_clipping > 0)
+    # FSDP2 (fully_shard): with CPUOffloadPolicy it copies each layer's parameters up on the compute
+    # stream, not on a copy stream as FSDP1 does (validation/measured_libraries/README.md)
+    fsdp2: bool = False
 
     # --- derived sizes ----------------------------------------------------
     @property
@@ -248,6 +251,8 @@ class Plan:
             parts.append(f"--cpu-threads {self.cpu_threads}")
         if self.grad_clip:
             parts.append("--grad-clip")
+        if self.fsdp2:
+            parts.append("--fsdp2")
         if self.cpu_cores_share:
             parts.append(f"--cpu-cores-share {self.cpu_cores_share:g}")
         if self.cuda_graphs:
@@ -357,7 +362,7 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             kw[key] = _enum(OffloadSchedule, value, f"{where}: offload_schedule")
         elif key == "cpu_optimizer":
             kw[key] = _enum(CpuOptimizer, value, f"{where}: cpu_optimizer")
-        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fused_norm",
+        elif key in ("unified_memory", "cuda_graphs", "offload_pinned", "sequence_parallel", "grad_clip", "fsdp2", "fused_norm",
                      "fp8_params", "rope_cast", "compile", "peft_input_cast"):
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")

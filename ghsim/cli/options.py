@@ -125,6 +125,9 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
+        click.option("--fsdp2", is_flag=True, default=None,
+                     help="FSDP2 (fully_shard) rather than FSDP1: with --offload params its CPUOffloadPolicy copies "
+                          "each layer's parameters up on the compute stream, serialised with the layer's kernels."),
         click.option("--host-cores", type=INT, default=None,
                      help="CPU cores of the host (node) you have, e.g. 16 for a 16-vCPU VM (default: the profile's)."),
         click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed", "megatron",
@@ -151,7 +154,7 @@ FLAG_TO_FIELD = {
     "sequence_parallel": "sequence_parallel", "pp_interleave": "pp_interleave", "pp_layers": "pp_layers",
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
-    "grad_clip": "grad_clip", "fused_norm": "fused_norm", "compile": "compile", "modeling": "modeling",
+    "grad_clip": "grad_clip", "fsdp2": "fsdp2", "fused_norm": "fused_norm", "compile": "compile", "modeling": "modeling",
     "fp8_recipe": "fp8_recipe", "fp8_params": "fp8_params",
 }
 

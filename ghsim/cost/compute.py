@@ -25,7 +25,7 @@ from ghsim.graph.dtypes import INDUCTOR
 from ghsim.graph.torchao_fp8 import CAST, ROWWISE
 from ghsim.graph.flops import gemm_flops, window_pair_fraction
 from ghsim.graph.layer_ops import MASKED_SDPA
-from ghsim.graph.offload.ops import BLOCKING_CAST, SINGLE_THREAD
+from ghsim.graph.offload.ops import BLOCKING_CAST, FOREACH_NORM
 from ghsim.cost.hostlink import HostSide
 from ghsim.cost.fp8 import cast_rate, rowwise_gemm_factor
 from ghsim.cost.inductor import measured_hbm_Bps, region_curve
@@ -292,7 +292,7 @@ _PRICE_BY_KIND: dict[Kind, Callable[[CostModel, Op], float]] = {
     Kind.OPT_CPU: lambda cm, op: cm.cpu_optimizer_time(op.params, op.variant, op.shape),
     Kind.H2D: _copy,
     Kind.D2H: _copy,
-    Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes, op.variant == SINGLE_THREAD),
+    Kind.CPU_MEM: lambda cm, op: cm.host.cpu_bytes_time(op.bytes, op.variant == FOREACH_NORM),
     Kind.UM_MIGRATE: _um_migrate,
     Kind.HOST_WORK: lambda cm, op: cm.host_work_time(op),
 }

@@ -93,7 +93,7 @@ class CpuOptimizerCurve:
 class ReferenceHost:
     stream_bandwidth: float  # bytes/s all of its threads stream
     stream_bandwidth_per_thread: float
-    single_thread_copy_bandwidth: float
+    foreach_norm_bandwidth: float
 
 
 @lru_cache(maxsize=1)
@@ -102,7 +102,7 @@ def cpu_optimizer_table() -> tuple[ReferenceHost, dict[CpuOptimizer, CpuOptimize
     d = read_toml(TABLE)
     ref = d.get("reference_host", {})
     host = ReferenceHost(*(sourced(ref, k, where) for k in (
-        "stream_bandwidth", "stream_bandwidth_per_thread", "single_thread_copy_bandwidth")))
+        "stream_bandwidth", "stream_bandwidth_per_thread", "foreach_norm_bandwidth")))
     curves = {}
     for name, t in d.get("implementations", {}).items():
         impl = CpuOptimizer(name)
@@ -137,9 +137,9 @@ def curve_of(impl: CpuOptimizer) -> CpuOptimizerCurve:
     return cpu_optimizer_table()[1][impl]
 
 
-def single_thread_bandwidth() -> float:
-    """Bytes/s a pass that runs on one host thread streams (the reference host's)."""
-    return cpu_optimizer_table()[0].single_thread_copy_bandwidth
+def foreach_norm_bandwidth() -> float:
+    """Bytes/s torch's _foreach_norm reads CPU gradients at (the reference host's)."""
+    return cpu_optimizer_table()[0].foreach_norm_bandwidth
 
 
 def per_thread_bandwidth() -> float:

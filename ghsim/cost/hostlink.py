@@ -36,7 +36,7 @@ from ghsim.cost.cpu_optimizer import (
     ADAMW_STREAM_BYTES,
     cpu_optimizer_rate,
     per_thread_bandwidth,
-    single_thread_bandwidth,
+    foreach_norm_bandwidth,
 )
 from ghsim.graph.optimizer import resolve_cpu_optimizer
 from ghsim.plan import CpuOptimizer, OffloadSchedule
@@ -150,8 +150,8 @@ class HostSide:
         """Bytes/s the training process's own host work (a cast, an accumulation) streams."""
         return min(self._stream_bandwidth(self.main_threads or self.cores_per_gpu), self.host_memory_rate())
 
-    def cpu_bytes_time(self, nbytes: float, single_thread: bool = False) -> float:
-        rate = min(single_thread_bandwidth(), self.host_memory_rate()) if single_thread else self.cpu_stream_rate()
+    def cpu_bytes_time(self, nbytes: float, foreach_norm: bool = False) -> float:
+        rate = min(foreach_norm_bandwidth(), self.host_memory_rate()) if foreach_norm else self.cpu_stream_rate()
         return nbytes / rate if nbytes > 0 else 0.0
 
     # --- unified memory ---------------------------------------------------------

@@ -26,13 +26,13 @@ def gpu_cast(name: str, params: float, phase: str, stream: str = Resource.GPU) -
               bytes=6 * params, phase=phase, hbm_transient=4 * params)
 
 
-# the variant of a host pass that runs on one thread
-SINGLE_THREAD = "single_thread"
+# the variant of a host pass that is torch._foreach_norm over CPU tensors (priced at its measured rate)
+FOREACH_NORM = "foreach_norm"
 
 
-def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool, single_thread: bool = False) -> Op:
+def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool, foreach_norm: bool = False) -> Op:
     return Op(name=name, category=K.CPU, kind=K.CPU_MEM, resource=_CPU, bytes=nbytes, phase=phase, kernels=0,
-              host_waits=host_waits, variant=SINGLE_THREAD if single_thread else "")
+              host_waits=host_waits, variant=FOREACH_NORM if foreach_norm else "")
 
 
 # the variant of the training thread's cast of updated fp32 parameters to 16 bits ahead of a

@@ -57,8 +57,9 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
     for mb, dirs in by_mb.items():
         for direction, duplex in ((FWD, duplex_fwd), (BWD, duplex_bwd)):
             seq = dirs[direction]
-            fetch_op = copy_op(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, _H2D,
-                             duplex=duplex).with_hbm("param_buffers", buffer)
+            stream = _GPU if setup.params_on_compute_stream else _H2D
+            fetch_op = copy_op(f"params.h2d.{direction}", K.H2D, P * width, direction, setup, stream,
+                               duplex=duplex).with_hbm("param_buffers", buffer)
             release = _marker(f"params.release.{direction}", direction).with_hbm("param_buffers", -buffer)
             casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in (_GPU, _DP)} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
@@ -275,8 +276,8 @@ def _in_turn(rw, arrivals, deps: list, passes, new, last_mb: int, alike: dict[tu
 def _host_clip(rw, arrivals, setup, new, last_mb: int, alike: dict[tuple, Op]):
     """Clipping host gradients by their global norm, once all have arrived. torch's
     clip_grad_norm_ (FSDP2 CPU offload) computes the norm with _foreach_norm, which on CPU
-    tensors runs on one thread (its trace: 12.8 GB in 1.1 s, the one-thread copy rate), then
-    scales them in place on every thread; DeepSpeed's stage 3 scales them on the host (the
+    tensors reads at near one thread's rate (priced at its microbenchmark, cpu_optimizers.toml
+    foreach_norm_bandwidth), then scales them in place on every thread; DeepSpeed's stage 3 scales them on the host (the
     norm comes from the GPU)."""
     norm = [("grads.norm.cpu", lambda p: cpu_bytes("grads.norm.cpu", p * 4, OPT, True, True))]
     clip = [("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True))]

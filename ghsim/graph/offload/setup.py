@@ -52,6 +52,9 @@ class OffloadSetup:
     # self.clip_grad"), and _step_with_clipping steps sub-group by sub-group after backward
     speculative: bool = False
     grad_clip: bool = False
+    # FSDP2's CPUOffloadPolicy: each layer's parameters come up on the compute stream (its trace:
+    # every Pinned -> Device copy on the kernels' stream), so they never overlap the layer's kernels
+    params_on_compute_stream: bool = False
     # DeepSpeed 0.19 ZeRO-3 with offload_optimizer (stage3.py partition_grads): each 16-bit gradient
     # partition is copied into the pinned 16-bit flat buffer and straight back to the GPU
     # (grad_buffer.to(device)) before its fp32 copy leaves; its traces: 6.4 GB each way for 3.2e9
@@ -111,6 +114,7 @@ def resolve(plan: Plan) -> OffloadSetup:
         or clipped_superoffload,
         speculative=schedule == OffloadSchedule.SUPEROFFLOAD and not plan.grad_clip,
         grad_clip=plan.grad_clip,
+        params_on_compute_stream=params and plan.fsdp2,
         grad_round_trip=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
         and schedule != OffloadSchedule.SYNC,
         host_pinned_blocks=plan.offload_pinned,
