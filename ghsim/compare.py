@@ -138,8 +138,6 @@ def _span(iv: tuple[float, float] | None, scale: float) -> str:
 
 def render(c: Comparison) -> str:
     names = [r.hardware["name"] for r in c.reports]
-    width = max(14, *(len(n) + 2 for n in names))
-    head = f"{'':<26}" + "".join(f"{n:>{width}}" for n in names)
     rows = [
         ("step time (ms)", [f"{r.step_time_s * 1e3:.1f}" for r in c.reports]),
         ("  interval (ms)", [_span(r.step_time_interval_s, 1e3) for r in c.reports]),
@@ -152,6 +150,9 @@ def render(c: Comparison) -> str:
         ("fits", ["yes" if r.fits else "NO" for r in c.reports]),
         ("host link", [r.hardware.get("host_link", "") for r in c.reports]),
     ]
+    # every column wide enough for its longest cell (an interval such as 9873.2-15098.3), two spaces apart
+    width = max(14, *(len(n) + 2 for n in names), *(len(v) + 2 for _, vals in rows for v in vals))
+    head = f"{'':<26}" + "".join(f"{n:>{width}}" for n in names)
     lines = [f"model {c.reports[0].model['name']}, plan {c.reports[0].plan.get('flags', '')}", "", head]
     lines += [f"{label:<26}" + "".join(f"{v:>{width}}" for v in vals) for label, vals in rows]
     lines += ["", "where the step goes (ms)"]

@@ -27,7 +27,7 @@ def test_grouped_sums_to_the_step():
     assert sum(g.values()) == pytest.approx(sum(bd.values()))
 
 
-def test_compare_orders_results_and_explains(cal):
+def test_compare_orders_results_and_explains(cal, monkeypatch):
     c = compare(SMALL, [GH200, PCIE], OFFLOAD, calibration=cal)
     assert [r.hardware["name"] for r in c.reports] == ["gh200-96gb", "h100-pcie"]
     (pair,) = c.pairs
@@ -43,6 +43,11 @@ def test_compare_orders_results_and_explains(cal):
     json.dumps(d)
     text = render(c)
     assert "exposed transfers" in text and "step time" in text
+    # every table row is its label and one cell per profile, cells kept apart (a wide interval such as
+    # 9873.2-15098.3 once ran into its neighbour)
+    monkeypatch.setattr(type(c.reports[0]), "step_time_interval_s", property(lambda r: (9.8732, 15.0983)))
+    for row in render(c).split("\n\n")[1].splitlines()[1:]:
+        assert len(row[26:].split()) == 2 and row[26:].startswith("  "), row
 
 
 def test_explain_names_the_transfer_gap(cal):
