@@ -31,16 +31,24 @@ def timed(opt, params) -> float:
     return statistics.median(runs[1:])
 
 
+def one_rank_cpu_mesh(port: int):
+    """A one-rank gloo process group and its CPU device mesh: what FSDP2's offloaded DTensors live on
+    (shared with dtensor_step.py, which imports it from this folder)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    return init_device_mesh("cpu", (1,))
+
+
 def main() -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29711")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    mesh = init_device_mesh("cpu", (1,))
+    mesh = one_rank_cpu_mesh(29711)
     rows = []
     for n, numel in SHAPES:
         for kind in ("plain", "dtensor"):

@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+from dtensor_adam import one_rank_cpu_mesh  # this folder is the script's sys.path[0]
+
 UNIFORM = [(2048, 256), (1 << 20, 64), (4 << 20, 32), (16 << 20, 16), (64 << 20, 4), (256 << 20, 1)]
 
 
@@ -82,12 +84,8 @@ def guarded(head, sizes, kind, mesh) -> dict:
 def main() -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29712")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    mesh = init_device_mesh("cpu", (1,))
+    mesh = one_rank_cpu_mesh(29712)
     rows = []
     for numel, count in UNIFORM:
         for kind in ("plain", "dtensor"):
