@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ghsim.errors import GhsimError
 from ghsim.tomlio import read_toml, repo_root, sourced
@@ -174,14 +174,16 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
             model=str(cpu_t.get("model", "")),
             cores=int(f.figure(cpu_t, "cores", "cpu")),
             adamw_params_per_s=f.figure(cpu_t, "adamw_params_per_s", "cpu"),
-            page_size_kb=_page_size_kb(f, cpu_t),
+            page_size_kb=_defaulted(f, cpu_t, "page_size_kb", "cpu", 4.0, lambda v: 1 <= v < math.inf,
+                                    "at least 1 (KiB)"),
         ),
         gpu_link=_link(f, gl_t, "gpu_link", per_peer=True),
         gpus_per_node=gpus_per_node,
         network=_link(f, net_t, "network", per_peer=False),
         kernel_launch_s=f.figure(launch_t, "kernel_launch_us", "launch") * 1e-6,
         cuda_graph_kernel_s=f.figure(launch_t, "cuda_graph_kernel_us", "launch") * 1e-6,
-        host_path_factor=_host_path_factor(f, launch_t),
+        host_path_factor=_defaulted(f, launch_t, "host_path_factor", "launch", 1.0, lambda v: 0 < v < math.inf,
+                                    "a positive finite number"),
         price_per_gpu_hour=(
             sourced(d, "price_per_gpu_hour_usd", where) if price is not None else 0.0
         ),
@@ -190,23 +192,15 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
     )
 
 
-def _page_size_kb(f: _Profile, t: dict[str, Any]) -> float:
-    """The host OS's base page (x86 Linux: 4 KiB, when the profile does not say)."""
-    if "page_size_kb" not in t:
-        return 4.0
-    v = f.figure(t, "page_size_kb", "cpu")
-    if not 1 <= v < math.inf:
-        raise GhsimError(f"{f.where} [cpu]: 'page_size_kb' must be at least 1 (KiB)")
-    return v
-
-
-def _host_path_factor(f: _Profile, t: dict[str, Any]) -> float:
-    """A profile whose host runs the launch path at another speed than the calibration's host says so."""
-    if "host_path_factor" not in t:
-        return 1.0
-    v = f.figure(t, "host_path_factor", "launch")
-    if not 0 < v < math.inf:
-        raise GhsimError(f"{f.where} [launch]: 'host_path_factor' must be a positive finite number")
+def _defaulted(f: _Profile, t: dict[str, Any], key: str, section: str, default: float,
+               valid: Callable[[float], bool], must: str) -> float:
+    """A figure the profile may leave out (`default` then: x86 Linux's 4 KiB page, the calibration
+    host's launch path), refused when it is not `valid`."""
+    if key not in t:
+        return default
+    v = f.figure(t, key, section)
+    if not valid(v):
+        raise GhsimError(f"{f.where} [{section}]: '{key}' must be {must}")
     return v
 
 
