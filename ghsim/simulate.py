@@ -29,8 +29,6 @@ per node: every GPU of the node holds its own offloaded states.
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 from itertools import chain
 from dataclasses import dataclass, replace
@@ -119,7 +117,7 @@ def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibratio
     calibration = calibration or load_calibration(hw.calibration)
     report = simulate_prepared(model, hw, plan, calibration, keep_timeline)
     notes = tuple(n for n in (note, measured_blocks.note(model, hw, plan, calibration)) if n)
-    return dataclasses.replace(report, notes=report.notes + notes) if notes else report
+    return replace(report, notes=report.notes + notes) if notes else report
 
 
 
