@@ -100,9 +100,12 @@ def corrections(model: "ModelSpec", hw: "Hardware", plan: "Plan", cost: "CostMod
         return None
     ratios: dict[str, list[float]] = {}
     names: dict[str, set[str]] = {}
+    layers_at: dict[int, dict[str, tuple[Op, ...]]] = {}  # block and head share their micro-batches: built once
     for layer in ("block", "head"):
         for mb, measured in gpu_bound_points(plan.tp, layer):
-            ops = profiled_layers(templates_at(plan.with_(micro_batch=mb)))[layer]
+            if mb not in layers_at:
+                layers_at[mb] = profiled_layers(templates_at(plan.with_(micro_batch=mb)))
+            ops = layers_at[mb][layer]
             kernels, comm = layer_prices(ops, price)
             if kernels > 0:
                 ratios.setdefault(layer, []).append(max(measured - comm, 0.0) / kernels)
