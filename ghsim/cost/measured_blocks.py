@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from ghsim.cost.overlay import Corrections
+from ghsim.cost.overlay import SHAPE_KEYS, Corrections
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import Category, Kind, Op
 from ghsim.tomlio import read_toml, repo_root
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ghsim.plan import Plan
 
 TABLE = repo_root() / "hardware_profiles" / "calibration" / "gh200_measured_blocks.toml"
-SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_kv_heads", "head_dim")
 # the kernels a factor scales: a layer's compute (collectives keep ghsim's link model)
 SCALED = (Category.GEMM, Category.ATTENTION, Category.ELEMENTWISE, Category.NORM_REDUCTION)
 
