@@ -43,7 +43,8 @@ def _ring_bytes(group: Group) -> float:
 
 
 def _p2p_bytes(group: Group) -> float:
-    """Pipeline send/recv: a FIFO of NCCL_STEPS (8) chunks per channel, each way, to each neighbouring stage."""
+    """Pipeline send/recv: a FIFO of NCCL_STEPS (8) chunks per channel, each way, to each neighbouring stage
+    (NCCL src/include/device.h line 26, as device_memory.toml's p2p chunk figures cite it)."""
     if group.size < 2:
         return 0.0
     chunk = _figure("nccl", "p2p_nvlink_chunk_bytes" if group.nodes == 1 else "p2p_net_chunk_bytes")

@@ -47,7 +47,7 @@ def blocking_cast_seconds_per_param(page_size_kb: float = 4.0) -> float:
     pageable tensor before a blocking copy up (the cast, not the copy). Measured on 4 KiB pages; the
     page faults' fixed part scales with the number of pages the fresh tensor spans (Grace: 64 KiB)."""
     fault_share = _figure("torch_copy", "first_touch_fault_share")
-    pages = 4.0 / page_size_kb
+    pages = 4.0 / page_size_kb  # 4 KiB: the measuring host's pages (library_overheads.toml first_touch_fault_share)
     return _figure("torch_copy", "blocking_cast_s_per_param") * (1.0 - fault_share + fault_share * pages)
 
 

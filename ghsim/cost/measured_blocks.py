@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from ghsim.cost.overlay import Corrections
+from ghsim.cost.overlay import SHAPE_KEYS, Corrections
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import Category, Kind, Op
 from ghsim.tomlio import read_toml, repo_root
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ghsim.plan import Plan
 
 TABLE = repo_root() / "hardware_profiles" / "calibration" / "gh200_measured_blocks.toml"
-SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_kv_heads", "head_dim")
 # the kernels a factor scales: a layer's compute (collectives keep ghsim's link model)
 SCALED = (Category.GEMM, Category.ATTENTION, Category.ELEMENTWISE, Category.NORM_REDUCTION)
 
@@ -100,9 +99,12 @@ def corrections(model: "ModelSpec", hw: "Hardware", plan: "Plan", cost: "CostMod
         return None
     ratios: dict[str, list[float]] = {}
     names: dict[str, set[str]] = {}
+    layers_at: dict[int, dict[str, tuple[Op, ...]]] = {}  # block and head share their micro-batches: built once
     for layer in ("block", "head"):
         for mb, measured in gpu_bound_points(plan.tp, layer):
-            ops = profiled_layers(templates_at(plan.with_(micro_batch=mb)))[layer]
+            if mb not in layers_at:
+                layers_at[mb] = profiled_layers(templates_at(plan.with_(micro_batch=mb)))
+            ops = layers_at[mb][layer]
             kernels, comm = layer_prices(ops, price)
             if kernels > 0:
                 ratios.setdefault(layer, []).append(max(measured - comm, 0.0) / kernels)
