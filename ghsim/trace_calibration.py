@@ -30,7 +30,7 @@ from ghsim.hardware import Hardware, gpu_chips
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan
 from ghsim.report.step_report import Stall
-from ghsim.traces.matching import MeasuredWindow, StepFigures, match_categories, measure, predicted
+from ghsim.traces.matching import SMALL_GAP_S, MeasuredWindow, StepFigures, match_categories, measure, predicted
 
 # Measured / predicted beyond these bounds: the trace ran another plan. GEMM time: another size
 # (micro-batch, sequence, model width). GEMM kernels per step: another depth or projection layout
@@ -185,12 +185,12 @@ def _copy_figures(m: StepFigures, pred: StepFigures, plan: Plan, cite: Cite, not
 
 
 def _gap_figure(m: StepFigures, pred: StepFigures, cite: Cite) -> dict[str, Figure]:
-    """GPU idle in gaps under 10 us (back-to-back kernels) against the predicted launch gaps."""
+    """GPU idle in gaps under SMALL_GAP_S (back-to-back kernels) against the predicted launch gaps."""
     if not (m.small_gap_s and pred.small_gap_s):
         return {}
     return {"kernel_gap": Figure(
         _checked(m.small_gap_s / pred.small_gap_s, "idle between kernels", cite.where),
-        f"{cite.text}: GPU idle in gaps under 10 us {_ms(m.small_gap_s)}/step measured vs "
+        f"{cite.text}: GPU idle in gaps under {SMALL_GAP_S * 1e6:g} us {_ms(m.small_gap_s)}/step measured vs "
         f"{_ms(pred.small_gap_s)} predicted launch gaps",
         {"measured_ms": m.small_gap_s * 1e3, "predicted_ms": pred.small_gap_s * 1e3})}
 

@@ -23,18 +23,11 @@ from ghsim.validate.cases import DEFAULT_TOLERANCES, case_hardware, load_case
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "validation" / "cases"
 SOURCE, TARGET = "h200-llama1b-bf16-mb4-s2048", "h200-llama1b-bf16-mb8-s2048"
-PLAN = ["--seq", "2048", "--precision", "bf16", "--framework", "torch-amp", "--optimizer-impl", "foreach"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _harness_rotary(tmp_path_factory):
-    """The cases' runs rotate in bf16 (the harness casts cos/sin: plan key rope_cast, plan TOML only):
-    every CLI call below states it through --plan, as a user states what their run did."""
-    path = tmp_path_factory.mktemp("plan") / "harness.toml"
-    path.write_text("rope_cast = true\n")
-    PLAN.extend(["--plan", str(path)])
-    yield
-    del PLAN[-2:]
+# The cases' runs rotate in bf16 (the harness casts cos/sin: plan key rope_cast, plan TOML only): every
+# CLI call below states it through --plan, as a user states what their run did.
+HARNESS_PLAN = REPO / "tests" / "data" / "plans" / "harness_rope_cast.toml"
+PLAN = ("--seq", "2048", "--precision", "bf16", "--framework", "torch-amp", "--optimizer-impl", "foreach",
+        "--plan", str(HARNESS_PLAN))
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,7 +12,7 @@ from ghsim.cli.options import FLOAT, plan_options
 from ghsim.cost.calibration import CALIBRATION_DIR, calibration_from_dict
 from ghsim.errors import GhsimError
 from ghsim.hardware import gpu_chips, load_hardware
-from ghsim.tomlio import read_json, write_text
+from ghsim.tomlio import read_json, read_toml, write_text
 
 
 @click.command()
@@ -152,8 +152,6 @@ def calibrate_trace(trace_file: str, steps: str | None, step_time_ms: float | No
     from ghsim.simulate import simulate
     from ghsim.trace_calibration import fit_overlay
     from ghsim.traces import load_trace
-
-    from ghsim.tomlio import read_toml
 
     recorded = read_toml(Path(kw["plan_file"])).get("hardware") if kw.get("plan_file") else None
     if not hardware_name and not recorded:  # no default part: the overlay is fitted on the one the run used

@@ -22,7 +22,7 @@ from ghsim.graph.ops import KERNEL_CATEGORIES, Category
 from ghsim.traces import events as ev
 from ghsim.traces import intervals as iv
 from ghsim.traces import phases as mt
-from ghsim.traces.summary import NS_PER_S, Window, _kernel_categories, select_window
+from ghsim.traces.summary import NS_PER_S, Window, kernel_categories, select_window
 
 COMM = str(Category.COMMUNICATION)
 # event columns: start_ns, end_ns, category (a kernel category, or COPIES), phase (mt.PHASES), name
@@ -115,7 +115,7 @@ def with_step_time(b: StepBreakdown, step_s: float, why: str) -> StepBreakdown:
 def measured_events(trace: ev.TraceData, device: int, windows: np.ndarray) -> pd.DataFrame:
     """The device's kernels (with category and phase), copies and memsets as events."""
     k = trace.kernels[(trace.kernels["device"] == device).to_numpy()].sort_values("start_ns", kind="stable")
-    cats = [KERNEL_CATEGORIES[i] for i in _kernel_categories(k)]
+    cats = [KERNEL_CATEGORIES[i] for i in kernel_categories(k)]
     names = k["name"].astype(str).tolist()
     starts = k["start_ns"].to_numpy(np.int64)
     nvtx = trace.nvtx

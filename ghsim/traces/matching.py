@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Resource
 from ghsim.traces import events as ev
-from ghsim.traces.summary import parse_steps, summarize
+from ghsim.traces.summary import TraceSummary, parse_steps, summarize
 
 COPY_DIRECTIONS = ("HtoD", "DtoH")  # what offload moves; DtoD copies are device work
 _COPY_KIND = {Kind.H2D: "HtoD", Kind.D2H: "DtoH"}
@@ -83,12 +83,8 @@ def measure(trace: ev.TraceData, steps: str | None) -> MeasuredWindow:
     step = min(s.step_times_s) if s.step_times_s else (s.window_s or 0.0)
     gaps = s.idle_gaps
     small = sum(b.total_s for b in gaps.histogram if b.hi_s <= SMALL_GAP_S) / n if gaps else None
-    copies = {d: CopyTotals(s.memcpy[d].bytes / n, s.memcpy[d].time_s / n, s.memcpy[d].count / n)
-              for d in COPY_DIRECTIONS}
-    kinds = _copy_memory_kinds(trace, s.device)
-    figures = StepFigures(step, {c: s.kernel_time_by_category_s.get(c, 0.0) / n for c in KERNEL_CATEGORIES},
-                          s.kernel_count / n, s.kernel_count_by_category.get(Category.GEMM, 0) / n, copies,
-                          (gaps.total_s / n) if gaps else None, small, kinds)
+    figures = _per_step(s, n, step, (gaps.total_s / n) if gaps else None, small,
+                        _copy_memory_kinds(trace, s.device))
     return MeasuredWindow(trace.source, s.window, n, s.gpu_name, figures, tuple(s.step_times_s),
                           tuple(notes) + tuple(s.notes))
 
@@ -105,14 +101,21 @@ def _measure_aggregate(trace: ev.TraceData, steps: str | None) -> MeasuredWindow
     s = summarize(trace)
     if not s.kernel_time_s:
         raise GhsimError(f"{trace.source}: no GPU kernels in it: nothing to calibrate from")
-    copies = {d: CopyTotals(s.memcpy[d].bytes / n, s.memcpy[d].time_s / n, s.memcpy[d].count / n)
-              for d in COPY_DIRECTIONS}
-    figures = StepFigures(None, {c: s.kernel_time_by_category_s.get(c, 0.0) / n for c in KERNEL_CATEGORIES},
-                          s.kernel_count / n, s.kernel_count_by_category.get(Category.GEMM, 0) / n, copies)
+    figures = _per_step(s, n, None)
     note = (f"aggregate-only input: its totals are taken as steps {lo}-{hi} ({n} steps); no step time, idle "
             f"gaps or launch gaps to fit")
     return MeasuredWindow(trace.source, f"steps {lo}-{hi} (totals / {n})", n, s.gpu_name, figures, (),
                           (note,) + tuple(s.notes))
+
+
+def _per_step(s: TraceSummary, n: int, step: float | None, idle_s: float | None = None,
+              small_gap_s: float | None = None, memory_kinds: tuple[str, ...] = ()) -> StepFigures:
+    """A summary's kernel time by category, kernel counts and copies, divided by its `n` steps."""
+    copies = {d: CopyTotals(s.memcpy[d].bytes / n, s.memcpy[d].time_s / n, s.memcpy[d].count / n)
+              for d in COPY_DIRECTIONS}
+    return StepFigures(step, {c: s.kernel_time_by_category_s.get(c, 0.0) / n for c in KERNEL_CATEGORIES},
+                       s.kernel_count / n, s.kernel_count_by_category.get(Category.GEMM, 0) / n, copies,
+                       idle_s, small_gap_s, memory_kinds)
 
 
 def _copy_memory_kinds(trace: ev.TraceData, device: int | None) -> tuple[str, ...]:

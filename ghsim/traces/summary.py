@@ -238,7 +238,7 @@ def _ranges(numbers: Sequence[int]) -> str:
 # -- the summary -------------------------------------------------------------------
 
 
-def _kernel_categories(kernels: pd.DataFrame) -> np.ndarray:
+def kernel_categories(kernels: pd.DataFrame) -> np.ndarray:
     """Category index (into CATEGORIES) of every kernel row: given, or from the name."""
     if "category" in kernels:
         codes = pd.Categorical(kernels["category"], categories=CATEGORIES).codes.astype(np.int64)
@@ -344,7 +344,7 @@ def summarize_window(trace: ev.TraceData, window: Window, *, device: int | None 
     notes: list[str] = []
     timeline = trace.has_timeline
     kernels = trace.kernels
-    cats = _kernel_categories(kernels)
+    cats = kernel_categories(kernels)
 
     busy = _busy_by_device(kernels, window) if timeline and len(kernels) else {}
     device = _choose_device(trace, busy, device, notes)
