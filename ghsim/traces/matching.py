@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ghsim.cost.overlay import COPY_DIRECTIONS  # what offload moves; DtoD copies are device work
 from ghsim.errors import GhsimError
 from ghsim.graph.ops import KERNEL_CATEGORIES, Category, Kind, Resource
 from ghsim.traces import events as ev
 from ghsim.traces.summary import TraceSummary, parse_steps, summarize
 
-COPY_DIRECTIONS = ("HtoD", "DtoH")  # what offload moves; DtoD copies are device work
 _COPY_KIND = {Kind.H2D: "HtoD", Kind.D2H: "DtoH"}
 SMALL_GAP_S = 1e-5  # idle gaps shorter than this: the GPU front end between back-to-back kernels
 
