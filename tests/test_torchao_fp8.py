@@ -94,3 +94,25 @@ def test_compiled_float8_keeps_no_fp8_input_and_tensorwise_recreates_it_in_backw
     m, T = small, plan.micro_batch * plan.seq
     bf16 = simulate(small, H100, BF16.with_(compile=True, micro_batch=4)).hbm.peak_bytes
     assert simulate(small, H100, plan).hbm.peak_bytes < bf16 - m.num_layers * T * m.hidden_size * 2
+
+
+def test_eager_torchao_launches_cost_the_plain_path_times_the_measured_ratio():
+    """torchao's eager float8 layers launch many more kernels at about the plain eager path's host cost
+    per launch (host15c: x1.04-1.15 on one host), not at our harness's per-op quantisation's."""
+    from ghsim.cost.calibration import load_calibration
+    from ghsim.cost.compute import LaunchCosts
+    from ghsim.cost.library_overheads import torchao_eager_launch_ratio
+
+    cal = load_calibration(H100.calibration)
+    plain = LaunchCosts.of(H100, cal, BF16)
+    per_launch = {}
+    for recipe in ("tensorwise", "rowwise"):
+        ao = LaunchCosts.of(H100, cal, FP8.with_(fp8_recipe=recipe))
+        fwd, bwd = torchao_eager_launch_ratio(recipe)
+        assert (ao.fwd_s, ao.bwd_s, ao.opt_s) == pytest.approx((plain.fwd_s * fwd, plain.bwd_s * bwd, plain.opt_s))
+        per_launch[recipe] = ao.fwd_s + ao.bwd_s
+    assert per_launch["rowwise"] > per_launch["tensorwise"] > plain.fwd_s + plain.bwd_s
+    harness = LaunchCosts.of(H100, cal, BF16.with_(precision=Precision.FP8))  # no recipe: our harness's fp8
+    assert harness.bwd_s == pytest.approx(cal.framework_overhead[LaunchCosts.FP8][1] * H100.host_path_factor)
+    compiled = LaunchCosts.of(H100, cal, FP8.with_(compile=True))
+    assert compiled.fwd_s == compiled.bwd_s == cal.eager_op_s  # Inductor's wrapper launches, not Float8Linear
