@@ -85,23 +85,15 @@ def profile_phases(phases):
 
 
 def phase_timer(model, opt, ids):
-    """One training step as the cases run it, returning the host seconds of forward, backward, optimizer."""
-    from torch.profiler import record_function
+    """One training step as the cases run it (HF loss under autocast): host seconds of forward, backward,
+    optimizer (microbench2's step_phases)."""
+    sys.path.insert(0, str(HARNESS))
+    from microbench2 import step_phases
 
-    def phases():
-        opt.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        with record_function("fwd"), torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        t1 = time.perf_counter()
-        with record_function("bwd"):
-            loss.backward()
-        t2 = time.perf_counter()
-        with record_function("opt"):
-            opt.step()
-        t3 = time.perf_counter()
-        return t1 - t0, t2 - t1, t3 - t2
-    return phases
+    def forward():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(input_ids=ids, labels=ids).loss
+    return lambda: step_phases(opt, forward)
 
 
 def timed(phases, warm, steps):
