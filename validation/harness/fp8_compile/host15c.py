@@ -111,7 +111,7 @@ def timed(phases, warm, steps):
             "step_wall_s": statistics.median(walls), "samples": samples, "walls": walls}
 
 
-def run_layers(res, configs=CONFIGS):
+def run_layers(res, configs=CONFIGS, save=lambda: None):
     rows = res.setdefault("layers", [])
     for h, inter, layers in configs:
         for recipe in RECIPES:
@@ -129,6 +129,7 @@ def run_layers(res, configs=CONFIGS):
                    **{k: v for k, v in t.items() if k not in ("samples", "walls")},
                    "back_to_back_step_s": back_to_back, **profile_phases(phases)}
             rows.append(row)
+            save()  # a call cut short keeps the rows so far
             print("layers", {k: v for k, v in row.items() if k != "top_self_cpu"}, flush=True)
             del model, opt
             torch.cuda.empty_cache()
@@ -220,7 +221,9 @@ def main():
         res["cpu_model"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    parts = [lambda r: run_layers(r, configs), run_reference] if configs else []
+    def save():
+        Path(a.out).write_text(json.dumps(res, indent=1, default=str))
+    parts = [lambda r: run_layers(r, configs, save), run_reference] if configs else []
     if a.real:
         name, recipes = a.real.split(":")
         parts.insert(0, lambda r: run_real(r, name, recipes.split(","), a.budget_s))
@@ -232,7 +235,7 @@ def main():
             res.setdefault("errors", []).append(traceback.format_exc()[-1500:])
             print("failed", e, flush=True)
         res.setdefault("parts_done_s", []).append(time.time() - START)
-        Path(a.out).write_text(json.dumps(res, indent=1, default=str))
+        save()
     run_cases(res, [k for k in a.cases.split(",") if k], a.budget_s)
     res["wall_s"] = time.time() - START
     Path(a.out).write_text(json.dumps(res, indent=1, default=str))
