@@ -28,8 +28,11 @@ RATIOS = [(f"{what} {size}", f"h100-{a}-llama{size}-s2048", f"h100-{b}-llama{siz
                              ("fp8 tensorwise eager / bf16 eager", "ao-tensorwise-eager", "hf-eager"),
                              ("fp8 rowwise eager / bf16 eager", "ao-rowwise-eager", "hf-eager"))]
 # mode="reduce-overhead": replaying the CUDA graphs allocates nothing through the caching allocator (the
-# graphs' tensors live in cudagraph trees' private pool, allocated while recording), so a timed step's
-# max_memory_allocated misses them; the memory the plan needs is the recording (warm-up) steps' peak
+# graphs' tensors live in cudagraph trees' private pool, allocated while recording: "During CUDAGraph
+# recording, memory is accounted for, allocated, and freed exactly as during eager run. On replay, just the
+# kernels are invoked, and there are no changes to the allocator", pytorch.org/docs/stable/
+# torch.compiler_cudagraph_trees.html), so a timed step's max_memory_allocated misses them; the memory the
+# plan needs is the recording (warm-up) steps' peak
 RECORDING_PEAK = ("h100-compile-reduce-overhead-",)
 
 
