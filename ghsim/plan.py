@@ -175,6 +175,13 @@ class Plan:
     def tokens_per_step(self) -> int:
         return self.resolved_global_batch * self.seq
 
+    @property
+    def torchao_recipe(self) -> str:
+        """The torchao float8 recipe the plan runs (graph/torchao_fp8.py), "" for none: eager frameworks
+        only (Megatron's fp8 is Transformer Engine's)."""
+        fp8 = self.precision == Precision.FP8 and not self.framework.fused_kernels
+        return self.fp8_recipe if fp8 and self.fp8_recipe in TORCHAO_FP8_RECIPES else ""
+
     def with_(self, **changes: Any) -> "Plan":
         """A copy with some fields changed (the search makes hundreds of thousands: no
         dataclasses.replace, which re-runs __init__ over every field)."""

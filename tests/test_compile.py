@@ -69,3 +69,11 @@ def test_unknown_modeling_is_one_line_exit_2():
     assert r.exit_code == 2 and "Traceback" not in r.output
     with pytest.raises(GhsimError, match="modeling"):
         simulate(MODEL, H100, PLAN.with_(modeling="jax"))
+
+
+def test_cuda_graph_plans_say_which_measured_peak_their_hbm_is():
+    """Replayed CUDA graphs allocate nothing through torch's allocator, so a replayed step's
+    max_memory_allocated misses their pool (1B reduce-overhead: 18.4 GiB replayed, 35.1 recording)."""
+    graphs = simulate(MODEL, H100, PLAN.with_(compile=True, cuda_graphs=True))
+    assert any("recording" in n and "max_memory_allocated" in n for n in graphs.notes)
+    assert not any("recording" in n for n in simulate(MODEL, H100, PLAN.with_(compile=True)).notes)

@@ -19,7 +19,7 @@ from typing import Callable
 from ghsim.cost.calibration import Calibration, attention_features
 from ghsim.cost.overlay import Corrections
 from ghsim.cost.library_overheads import (blocking_cast_seconds_per_param, sdpa_bool_mask_slowdown, sdpa_fallback_rate,
-                                          sdpa_mask_over_causal_time, zero3_hook_seconds)
+                                          sdpa_mask_over_causal_time, torchao_eager_launch_ratio, zero3_hook_seconds)
 from ghsim.graph.deepspeed_optimizer import ZERO3_HOOKS
 from ghsim.graph.dtypes import INDUCTOR
 from ghsim.graph.torchao_fp8 import CAST, ROWWISE
@@ -56,6 +56,8 @@ class LaunchCosts:
     recording in forward, the autograd engine in backward. They are several times
     a bare launch, which is why small models leave the GPU idle. Checkpointed
     (recompute) steps and LoRA steps cost more per kernel and are measured apart.
+    torchao's eager float8 layers launch about 4.5x the kernels of a bf16 layer at about the same host
+    cost per launch (library_overheads.toml [torchao_float8_eager]: the plain figure times 1.04-1.15).
     """
 
     fwd_s: float
@@ -74,7 +76,7 @@ class LaunchCosts:
             return cls.SELECTIVE
         if plan.lora_rank:
             return cls.LORA
-        if plan.precision == Precision.FP8:
+        if plan.precision == Precision.FP8 and not plan.torchao_recipe:  # our harness's per-op quantisation
             return cls.FP8
         if plan.precision in (Precision.FP32, Precision.TF32):
             return cls.FP32
@@ -91,7 +93,11 @@ class LaunchCosts:
         if measured is None:  # no framework measurement: the profile's bare launch cost
             return cls(hw.kernel_launch_s, hw.kernel_launch_s, hw.kernel_launch_s)
         # measured on the calibration's host; another host (Grace) runs the same path at its own speed
-        return cls(*(s * hw.host_path_factor for s in measured))
+        fwd, bwd, opt = (s * hw.host_path_factor for s in measured)
+        if plan.torchao_recipe:  # torchao's eager float8 layers, per launch, against the plain layer's
+            fwd_ratio, bwd_ratio = torchao_eager_launch_ratio(plan.torchao_recipe)
+            fwd, bwd = fwd * fwd_ratio, bwd * bwd_ratio
+        return cls(fwd, bwd, opt)
 
     def per_kernel(self, phase: str) -> float:
         if phase in _BACKWARD_PHASES:

@@ -37,6 +37,12 @@ def sdpa_bool_mask_slowdown(head_dim: int, backward: bool) -> float:
     return float(np.interp(head_dim, dims, ratios))
 
 
+def torchao_eager_launch_ratio(recipe: str) -> tuple[float, float]:
+    """Host seconds per launch of a decoder layer under torchao's eager float8 `recipe` over the same
+    layer in bf16, measured on one host: (forward, backward)."""
+    return _figure("torchao_float8_eager", f"{recipe}_fwd"), _figure("torchao_float8_eager", f"{recipe}_bwd")
+
+
 def zero3_hook_seconds() -> tuple[float, float]:
     """DeepSpeed ZeRO-3's host seconds per module with parameters: (forward, backward)."""
     return _figure("deepspeed_zero3", "hook_fwd_s"), _figure("deepspeed_zero3", "hook_bwd_s")

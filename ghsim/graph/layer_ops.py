@@ -10,7 +10,7 @@ from ghsim.graph.kernels import COMPOSITE_SPLITS, FP8_QUANT_KERNELS
 from ghsim.graph.ops import Category, Collective, Kind, Op, Phase, Resource
 from ghsim.graph.tensors import Tensors
 from ghsim.model import WINDOW_PATTERNS, ModelSpec
-from ghsim.plan import TORCHAO_FP8_RECIPES, Plan, Precision
+from ghsim.plan import Plan, Precision
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,7 @@ class LayerOps:
 
     @property
     def torchao_recipe(self) -> str:
-        """The plan's torchao float8 recipe (graph/torchao_fp8.py), "" when it runs none: eager
-        frameworks only (Megatron's fp8 is Transformer Engine's)."""
-        recipe = self.plan.fp8_recipe
-        return recipe if recipe in TORCHAO_FP8_RECIPES and self.plan.precision == Precision.FP8 and not self.fused else ""
+        return self.plan.torchao_recipe
 
     # --- attention ---------------------------------------------------------------------
     def attention_call(self, backward: bool) -> tuple[tuple[int, ...], float, str]:

@@ -13,10 +13,15 @@ Eager, each cast is a chain of PyTorch ops (abs, amax, scale, clamp, cast: 10-11
 power-of-2 scales add log2, floor and exp2: validation/microbench/issue15/h100-microbench15b.json "f8lin",
 79-81 kernels per tensorwise linear, 103-105 per rowwise one); under torch.compile (plan.compile) Inductor
 fuses each into 1 (rowwise) or 3 (tensorwise) kernels, folds the layout copies in and casts a shared
-input (q, k and v's; gate and up's) once. Tensorwise writes both layouts of an operand from one scale and
-saves the fp8 input; rowwise scales each GEMM's operands along its own contraction axis, so the weight
-gradient's operands (the input and the output gradient, scaled per column) are cast again from their
-high-precision copies (the compiled kernel list of a rowwise Float8Linear: two casts of each operand).
+input (q, k and v's; gate and up's) once. Compiled, no fp8 input is kept for backward: AOTAutograd's
+min-cut partitioner recomputes it from tensors backward keeps anyway (the norm's input and 1/rms, SDPA's
+output, gate and up: the compiled 1B traces' backward casts SiLU's product again inside the SiLU-backward
+kernel), which is why compiled float8 1B peaks 4.8 GiB below compiled bf16, where a kept fp8 input would
+leave 3.1 GiB (validation/measured_libraries/h100-ao-*-compile-llama1b-mb4-s2048). Tensorwise writes both
+layouts of an operand from one scale and re-creates the forward's fp8 input with its saved scale;
+rowwise scales each GEMM's operands along its own contraction axis, so the weight gradient's operands
+(the input and the output gradient, scaled per column) are cast again from their high-precision copies
+(the compiled kernel list of a rowwise Float8Linear: two casts of each operand).
 Eager casts are priced at their measured rates (cost/fp8.py), compiled ones at the rate a compiled
 Float8Linear's cast kernels reach (hardware_profiles/calibration/inductor_regions.toml
 [fp8_cast_<recipe>]); GEMMs at the fp8 rate (rowwise at its measured factor).
@@ -81,11 +86,8 @@ class TorchaoFp8Projections(LayerOps):
             # Float8Linear casts an fp32 input to autocast's dtype first; that bf16 copy is what it saves
             self.mem(f"{p.name}.cast_in", self.downcast, x * 6, 1, Category.ELEMENTWISE, creates={f"{p.name}.x16": x * 2})
             keep.append(f"{p.name}.x16")
-        if not self.plan.compile:
+        if not self.plan.compile or not self._shares_input(p):  # Inductor casts a shared input once
             self._fp8_cast(f"{p.name}.fp8_cast_x", x, dt.act)
-        elif not self._shares_input(p):  # Inductor casts a shared input once and saves the fp8 copy
-            self._fp8_cast(f"{p.name}.fp8_cast_x", x, dt.act, creates={f"{p.name}.x8": x})
-            keep.append(f"{p.name}.x8")
         w = p.n_in * p.n_out * p.experts
         self._fp8_cast(f"{p.name}.fp8_cast_w", w, dt.param)
         self._fp8_gemm(p.name, T, p.n_out, p.n_in, creates={out: out_bytes})
@@ -105,6 +107,12 @@ class TorchaoFp8Projections(LayerOps):
         self._fp8_cast(f"{p.name}.fp8_cast_w.bwd", w, dt.param)
         if not compiled or rowwise:  # compiled rowwise: the saved input cast per column
             self._fp8_cast(f"{p.name}.fp8_cast_x.bwd", T * p.n_in, dt.act)
+        elif not self._shares_input(p):
+            # compiled tensorwise: the forward's fp8 input re-created with its saved scale (no amax), in
+            # one fused kernel, from what backward keeps anyway (module docstring)
+            x = T * p.n_in
+            self.mem(f"{p.name}.fp8_recast_x", inductor("fp8_cast_tensorwise"), x * (dt.act + 1), 1,
+                     Category.ELEMENTWISE, transient=x)
         if not compiled:
             moved = g + T * p.n_in + w  # the fp8 operands' transposed copies
             self.mem(f"{p.name}.fp8_layouts", "fp8_transpose", 2 * moved, LAYOUT_COPIES, Category.ELEMENTWISE,

@@ -295,6 +295,11 @@ def _kernel_notes(plan: Plan) -> list[str]:
         notes.append("torch.compile (Inductor) of a Hugging Face model: one kernel per fused norm, activation, "
                      "rotary and loss region; SDPA with the causal mask HF materialises while compiling"
                      + (", replayed as CUDA graphs (mode reduce-overhead)" if plan.cuda_graphs else ""))
+    if plan.cuda_graphs:
+        # PyTorch's CUDAGraph Trees docs: memory is allocated while recording, replay leaves the allocator
+        # alone (validation/measured_libraries/README.md: 1B reduce-overhead 35.05 GiB recording, 18.42 replayed)
+        notes.append("CUDA graphs: the HBM peak is what the graphs need, as torch allocates it while recording; "
+                     "torch.cuda.max_memory_allocated() over a replayed step leaves out the graphs' private pool")
     if plan.precision.value == "fp8" and not plan.framework.fused_kernels:
         notes.append(f"fp8: torchao float8 training, {plan.fp8_recipe} scaling, "
                      + ("casts fused by Inductor" if plan.compile else "casts as eager PyTorch ops")

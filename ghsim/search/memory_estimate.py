@@ -41,7 +41,7 @@ from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import lora_targeted
 from ghsim.hardware import GB, Hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import TORCHAO_FP8_RECIPES, Plan, Precision, Recompute
+from ghsim.plan import Plan, Precision, Recompute
 
 # Stated accuracy: on every single-GPU plan the simulator accepts, the estimate
 # lies within 10% of the replayed HBM peak; for other plans it is never above
@@ -110,7 +110,7 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
     # nothing keeps the shared norm outputs; down's copy replaces the product it would keep
     peft = bool(r) and plan.peft_input_cast and not plan.framework.fused_kernels and act < 4
 
-    torchao = plan.fp8_recipe in TORCHAO_FP8_RECIPES and fp8 and not plan.framework.fused_kernels  # Megatron: TE
+    torchao = bool(plan.torchao_recipe)  # Megatron's fp8 is Transformer Engine's
     if plan.compile:  # Inductor (graph/compiled_layer.py): no fp32 normalised copies or silu output
         # kept; k and v expanded to the query heads for SDPA; the norms' bf16 outputs (the lower
         # reading: only when every projection keeps its input, and not under fp8)
@@ -138,7 +138,7 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
             # the fp8 weights are a cache held all step (graph/states.fp8_weight_cache)
             saved += tokens * n_in
         elif torchao:
-            # torchao keeps autocast's bf16 input (eager; compiled: an fp8 copy, the lower reading: none)
+            # torchao keeps autocast's bf16 input (eager; compiled: nothing, backward recomputes the fp8 copy)
             saved += tokens * n_in * 2 if casts_in and from_norm and not plan.compile else 0.0
         elif fp8:
             # fp8 input and weight kept for backward (the simulator quantises one expert's weight)

@@ -87,8 +87,26 @@ def count_launches(prof, ranges):
     return counts
 
 
+def step_phases(opt, forward):
+    """One training step (zero_grad, forward() -> loss, backward, optimizer step) in record_function ranges
+    "fwd", "bwd", "opt": the host seconds of each."""
+    from torch.profiler import record_function
+    opt.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    with record_function("fwd"):
+        loss = forward()
+    t1 = time.perf_counter()
+    with record_function("bwd"):
+        loss.backward()
+    t2 = time.perf_counter()
+    with record_function("opt"):
+        opt.step()
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2
+
+
 def run_overhead(res, sec, tiny):
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
     rows = []
     for name, cfgd, kw, prec in overhead_variants(tiny):
         if not sec.ok():
@@ -105,23 +123,14 @@ def run_overhead(res, sec, tiny):
         lab = torch.randint(0, cfg.vocab_size, (1, 128), device=mb.DEV)
         autocast = prec in ("bf16", "fp8")
 
+        def forward():
+            if autocast:
+                with torch.autocast(mb.DEV, dtype=torch.bfloat16):
+                    return model(tok, lab)
+            return model(tok, lab)
+
         def phases():
-            opt.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            with record_function("fwd"):
-                if autocast:
-                    with torch.autocast(mb.DEV, dtype=torch.bfloat16):
-                        loss = model(tok, lab)
-                else:
-                    loss = model(tok, lab)
-            t1 = time.perf_counter()
-            with record_function("bwd"):
-                loss.backward()
-            t2 = time.perf_counter()
-            with record_function("opt"):
-                opt.step()
-            t3 = time.perf_counter()
-            return t1 - t0, t2 - t1, t3 - t2
+            return step_phases(opt, forward)
 
         for _ in range(5):
             phases()
