@@ -347,6 +347,9 @@ class _MicrobatchBuilder:
         self.emb_fwd, self.emb_bwd = (t.emb_fwd, t.emb_bwd) if chunk.first else ((), ())
         self.cp = chunk_params(model, plan, layout, chunk)
         self.dt = dt = Dtypes.of(plan)
+        # what ZeRO-3 gathers for the embedding and for the final norm and LM head (working precision)
+        self.emb_bytes, self.head_bytes = self.cp.embedding_params * dt.param, self.cp.head_params * dt.param
+        self.prefetch_from: int | None = None  # the backward's second-last layer: the embedding is fetched after it
         T, h = plan.micro_batch * plan.seq, model.hidden_size
         self.T = T
         self.tp_bytes = T * h * dt.residual
@@ -397,6 +400,20 @@ class _MicrobatchBuilder:
         deps = (after,) if after is not None and after >= 0 else ()
         self.gathers[layer] = self.gathered[(phase, layer)] = self.rg.g.add(self.gather_ops[phase], deps=deps)
 
+    def zero3_outer(self, what: str, nbytes: float, phase: str, after: int | None = None) -> int | None:
+        """ZeRO-3 gathers the embedding's and the LM head's weights as it gathers a layer's: DeepSpeed's
+        pre-forward and pre-backward hooks fetch every module's parameters (partitioned_param_coordinator.py
+        fetch_sub_module), whatever the op needs. Returns the gather, which the module's ops wait for."""
+        if self.zero != 3 or nbytes <= 0:
+            return None
+        deps = (after,) if after is not None and after >= 0 else ()
+        gather = _comm(f"zero3.all_gather.{what}", ALL_GATHER, Resource.DP, nbytes, phase, deps=deps)
+        return self.rg.g.add(gather.with_hbm("gathered_params", nbytes))
+
+    def zero3_outer_release(self, nbytes: float, phase: str) -> None:
+        if self.zero == 3 and nbytes > 0:
+            self.rg.g.add(_marker("zero3.release", phase).with_hbm("gathered_params", -nbytes))
+
     def forward(self) -> int:
         """The chunk's forward (after the gradients earlier micro-batches left); returns its last op."""
         rg, plan, zero, dp = self.rg, self.plan, self.zero, self.dp
@@ -410,17 +427,26 @@ class _MicrobatchBuilder:
             data = input_ops(plan)  # the micro-batch's tokens, from the host's data loader
             if data:
                 rg.extend(data)
+            gather = self.zero3_outer("embedding", self.emb_bytes, FWD)
+            if gather is not None:
+                rg.wait_before(gather)
             rg.extend(self.emb_fwd)
+            # released after its forward: its next use, in backward, is further than DeepSpeed's reuse distance
+            self.zero3_outer_release(self.emb_bytes, FWD)
             self.tp_collective("embedding.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE, self.tp_bytes, FWD)
         else:
             rg.g.add(_marker("input.received", FWD).with_hbm("activations", self.x_bytes))
         layer_ends: list[int] = []
+        head_gather = None
         for layer in range(L):
             if zero == 3:
                 if layer == 0:
                     self.zero3_gather(0, None, FWD)
                 if layer + 1 < L:  # prefetch the next layer once the one before this has finished
                     self.zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, FWD)
+                elif self.loss_fwd:  # the LM head after the last layer, prefetched alike
+                    head_gather = self.zero3_outer("lm_head", self.head_bytes, FWD,
+                                                   layer_ends[layer - 1] if layer >= 1 else None)
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(self.t.fwd, layer=layer)
             layer_ends.append(last)
@@ -430,6 +456,12 @@ class _MicrobatchBuilder:
         if self.loss_fwd:
             if self.sp:
                 self.tp_collective("lm_head.all_gather", ALL_GATHER, self.tp_bytes, FWD)
+            if head_gather is None and zero == 3:  # a chunk without layers
+                head_gather = self.zero3_outer("lm_head", self.head_bytes, FWD)
+            if head_gather is not None:
+                # kept to its backward, which follows within DeepSpeed's max_reuse_distance (1e9 elements,
+                # partitioned_param_coordinator.py __params_to_release)
+                rg.wait_before(head_gather)
             rg.extend(self.loss_fwd)
             if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
                 rg.g.ops[rg.last] = rg.g.ops[rg.last].with_hbm("weight_copies", -cache_bytes * L)
@@ -476,6 +508,7 @@ class _MicrobatchBuilder:
             rg.g.add(_marker("grad.received", BWD).with_hbm("activation_grads", self.g_bytes))
         else:
             _, loss_last = rg.extend(acc(loss_bwd))
+            self.zero3_outer_release(self.head_bytes, BWD)
             self.tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE,
                                self.T * self.model.hidden_size * (4 if self.dt.autocast_casts else self.dt.act), BWD)
         if loss_bwd and dp == 1:
@@ -497,6 +530,8 @@ class _MicrobatchBuilder:
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(bwd_ops, layer=layer)
             bwd_ends.append(last)
+            if layer == 1:
+                self.prefetch_from = last
             if zero == 3:
                 rg.g.add(self.release_ops[BWD])
             self._layer_grads_ready(layer, last)
@@ -518,7 +553,11 @@ class _MicrobatchBuilder:
         if self.emb_bwd:
             if self.sp:
                 self.tp_collective("embedding.all_gather.bwd", ALL_GATHER, self.tp_bytes, BWD)
+            gather = self.zero3_outer("embedding", self.emb_bytes, BWD, self.prefetch_from)
+            if gather is not None:
+                rg.wait_before(gather)
             rg.extend(self.acc(self.emb_bwd))
+            self.zero3_outer_release(self.emb_bytes, BWD)
             if self.dp == 1:
                 self.sources.append(GradSource(rg.last, cp.embedding_trainable, self.emb_grads, ("embedding",), -1, 0,
                                                self.accumulate))

@@ -122,7 +122,9 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
         saved = 2 * (T * h * 4 + T * 4)  # both norms' fp32 normalised input and rstd
         if not (dt.autocast_casts or fp8 or peft):
             saved += 2 * T * h * rs  # the norms' outputs feed the projections directly
-        saved += T * (q + 2 * kv) * act + T * q * act  # rotated q, k; v; attention output
+        # rotated q, k; v (torchtitan's repeat_kv: k and v copied to every query head); attention output
+        kv_sdpa = q if plan.modeling == "torchtitan" else kv
+        saved += T * (q + 2 * kv_sdpa) * act + T * q * act
     if plan.recompute != Recompute.SELECTIVE:
         saved += plan.micro_batch * m.num_attention_heads * plan.seq * 4  # log-sum-exp
     saved += T * h * rs  # the attention residual's output
