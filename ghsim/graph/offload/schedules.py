@@ -10,7 +10,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.deepspeed_optimizer import offload_grad_checks
 from ghsim.graph.offload.ops import _gpu_adam, _marker, blocking_cast, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload.rewrite import BWD, FWD, New
-from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
+from ghsim.graph.offload.setup import GradSource, OffloadSetup, Widths
 from ghsim.graph.ops import Op, OpGraph, Phase, Resource
 from ghsim.plan import CpuOptimizer, OffloadSchedule
 
@@ -82,7 +82,7 @@ def _bucket_count(nbytes: float, setup: OffloadSetup, link_bucket: float) -> int
     if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
         bucket = link_bucket
     elif setup.schedule == OffloadSchedule.OVERLAPPED:
-        bucket = DEEPSPEED_BUCKET_ELEMENTS * 2
+        bucket = setup.bucket_elements * 2
     else:
         return 1
     return max(1, math.ceil(nbytes / bucket))
@@ -187,6 +187,10 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
         if src.held > 0:  # the GPU gradient is freed once it has left
             d2h = d2h.with_hbm("grads", -src.held)
         last = rw.insert_after(at, new(d2h, deps, layer, mb))
+        if setup.gpu_grad_handoff:  # DeepSpeed 0.18: the worker copies the handed-over GPU gradient itself
+            worker = _shared(alike, ("grads.d2h.worker", params), lambda: copy_op(
+                "grads.d2h.worker", K.D2H, params * 4, BWD, setup, _D2H, 1, duplex_bwd))
+            last = rw.insert_after(at, new(worker, [last], layer, mb))
         if widths.grad_cpu_cast:
             cast = _shared(alike, ("grads.cast_fp32.cpu", params),
                            lambda: cpu_bytes("grads.cast_fp32.cpu", params * 6, BWD, False))
