@@ -68,7 +68,7 @@ from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.report.host import per_node
 from ghsim.model import ModelSpec, simulator_gap
-from ghsim.plan import OffloadSchedule, Plan, Precision, check_plan
+from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, check_plan
 from ghsim.plan_build import GraphKey, PlanBuild, PriceBook, RankPricing
 from ghsim.report.step_report import StepReport, Timeline, fit_problems
 from ghsim.sim import engine
@@ -425,7 +425,8 @@ def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
     """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     send_s = _send_time(model, plan, rank)
-    chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
+    blocks = plan.framework == Framework.MEGATRON_LEGACY  # its p2p waits for each send (ChunkTimes.send_blocks)
+    chunks = [replace(chunk_times(*runs[k], send_s), send_blocks=blocks) for k in kind_of]
     tails = []
     for d in range(layout.pp):
         mine = [runs[kind_of[c * layout.pp + d]][0] for c in range(layout.interleave)]
