@@ -84,3 +84,15 @@ def test_ds_config_bucket_and_sub_group_sizes_reach_the_plan(tmp_path):
     assert not any("reduce_bucket_size" in n for n in notes)
     plan = plan_from_dict({k: v for k, v in fields.items() if k != "offload"})
     assert "--reduce-bucket-size 4e+08 --sub-group-size 4e+08" in plan.flags()
+
+
+def test_deepspeed_018_clipped_superoffload_rolls_back_and_steps_again():
+    plan = _plan(zero=3, offload=OPT, offload_schedule=OffloadSchedule.SUPEROFFLOAD, grad_clip=True,
+                 deepspeed_version="0.18")
+    setup = resolve(plan)
+    assert setup.speculative and setup.rollback_clip and not setup.grads_on_compute_stream
+    assert not resolve(plan.with_(deepspeed_version="0.19")).rollback_clip
+    rank = prepare(GQA, QUAD, plan, load_calibration(QUAD.calibration))
+    names = [op.name for op in chunk_graph(GQA, plan, rank, GQA.num_layers, (True, True), True).graph.ops]
+    assert names.count("cpu_adamw.rollback") == names.count("cpu_adamw.redo") > 0
+    assert simulate(GQA, QUAD, plan).step_time_s > simulate(GQA, QUAD, plan.with_(grad_clip=False)).step_time_s

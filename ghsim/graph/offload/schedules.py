@@ -251,6 +251,11 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
         else:
             for n in chain:  # tile by tile: each layer's copy leaves while the CPU updates the next
                 rw.append(n)
+    if setup.rollback_clip:
+        passes = [(name, lambda p, name=name: cpu_adam(name, p, setup, True, tensors))
+                  for name in ("cpu_adamw.rollback", "cpu_adamw.redo")]
+        passes.insert(1, ("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
+        _in_turn(rw, arrivals, barrier, passes, new, last_mb, alike)  # after the speculative steps, in order
     for n in later:
         rw.append(n)
 

@@ -46,6 +46,11 @@ class OffloadSetup:
     # gradient clipping DeepSpeed 0.19 does not (superoffload_stage3.py partition_grads: "not
     # self.clip_grad"), and _step_with_clipping steps sub-group by sub-group after backward
     speculative: bool = False
+    # DeepSpeed 0.18's SuperOffload with clipping: the speculative steps run during backward as
+    # without it; once the global norm is known, _handle_gradient_clipping rolls each CPU sub-group's
+    # step back, clips its gradient and steps it again, waiting for the worker each time
+    # (superoffload_stage3.py v0.18.3 _sync_cpu_optimizer_step)
+    rollback_clip: bool = False
     grad_clip: bool = False
     # FSDP2's CPUOffloadPolicy: each layer's parameters come up on the compute stream (its trace:
     # every Pinned -> Device copy on the kernels' stream), so they never overlap the layer's kernels
@@ -106,7 +111,9 @@ def resolve(plan: Plan) -> OffloadSetup:
     # where their fp32 masters live (ZeRO-Infinity, FSDP CPUOffload): both imply the rest.
     optimizer = "optimizer" in plan.offload or "grads" in plan.offload or params
     zero_offload = schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2
-    clipped_superoffload = schedule == OffloadSchedule.SUPEROFFLOAD and plan.grad_clip and not params
+    v018 = superoffload_whole_sub_groups(plan)
+    # 0.19's clipped SuperOffload (0.18 steps speculatively and rolls back instead: rollback_clip)
+    clipped_superoffload = schedule == OffloadSchedule.SUPEROFFLOAD and plan.grad_clip and not params and not v018
     return OffloadSetup(
         schedule=schedule,
         optimizer=optimizer,
@@ -124,7 +131,8 @@ def resolve(plan: Plan) -> OffloadSetup:
         grads_on_compute_stream=zero_offload or clipped_superoffload,
         pageable_param_return=(schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3)
         or clipped_superoffload,
-        speculative=schedule == OffloadSchedule.SUPEROFFLOAD and not plan.grad_clip,
+        speculative=schedule == OffloadSchedule.SUPEROFFLOAD and (not plan.grad_clip or v018),
+        rollback_clip=v018 and plan.grad_clip and not params,
         grad_clip=plan.grad_clip,
         params_on_compute_stream=params and plan.fsdp2,
         # (0.18's SuperOffload has its own partition_grads, without the round trip)
