@@ -203,21 +203,22 @@ class EagerLayer(TorchaoFp8Projections):
     def _kv_for_sdpa(self) -> None:
         """k and v as SDPA takes them (eager HF: as they are, GQA handled inside SDPA; torchtitan:
         each copied to every query head, the copies replacing them)."""
-        if not self._eager_repeat_kv:
-            return
-        T, act, kv, kvs = self.T, self.dt.act, self.m.kv_dim, self.sdpa_kv_dim
-        self.mem("repeat_kv", DOWNCAST, 2 * T * (kv + kvs) * act, 2, Category.ELEMENTWISE,
-                 creates={"k.exp": T * kvs * act, "v.exp": T * kvs * act}, frees=["k_rot", "v"])
-        self.t.live["k_rot"], self.t.live["v"] = self.t.live.pop("k.exp"), self.t.live.pop("v.exp")
+        if self._eager_repeat_kv:
+            self._replace_kv("repeat_kv", ("k_rot", "v"), self.sdpa_kv_dim)
 
     def _kv_grads_from_sdpa(self) -> None:
         """torchtitan's repeat_kv backward: SDPA's k and v gradients summed over the heads they were copied to."""
-        if not self._eager_repeat_kv:
-            return
-        T, act, kv, kvs = self.T, self.dt.act, self.m.kv_dim, self.sdpa_kv_dim
-        self.mem("repeat_kv.bwd", DOWNCAST, 2 * T * (kv + kvs) * act, 2, Category.ELEMENTWISE,
-                 creates={"g_k.sum": T * kv * act, "g_v.sum": T * kv * act}, frees=["g_k", "g_v"])
-        self.t.live["g_k"], self.t.live["g_v"] = self.t.live.pop("g_k.sum"), self.t.live.pop("g_v.sum")
+        if self._eager_repeat_kv:
+            self._replace_kv("repeat_kv.bwd", ("g_k", "g_v"), self.m.kv_dim)
+
+    def _replace_kv(self, name: str, tensors: tuple[str, str], width: int) -> None:
+        """One kernel each that reads k's and v's tensors (`tensors`) and writes them `width` wide in their place."""
+        T, act = self.T, self.dt.act
+        new = {f"{t}.{name}": T * width * act for t in tensors}
+        self.mem(name, DOWNCAST, 2 * T * (self.m.kv_dim + self.sdpa_kv_dim) * act, 2, Category.ELEMENTWISE,
+                 creates=new, frees=list(tensors))
+        for t in tensors:
+            self.t.live[t] = self.t.live.pop(f"{t}.{name}")
 
     def _residual_add(self, name: str, branch_out: str, out: str) -> None:
         """The residual stream plus a branch's output: one add kernel."""
