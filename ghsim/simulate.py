@@ -113,7 +113,7 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
-    plan, note = deepspeed_sub_group_ratio(plan, partition_sizes(model, plan, plan.tp * max(1, plan.dp)))
+    plan, note = deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))
     calibration = calibration or load_calibration(hw.calibration)
     report = simulate_prepared(model, hw, plan, calibration, keep_timeline)
     notes = tuple(n for n in (note, measured_blocks.note(model, hw, plan, calibration)) if n)

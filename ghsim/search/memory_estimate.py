@@ -315,7 +315,7 @@ def memory_states(model: ModelSpec, hw: Hardware, plan: Plan) -> PlanStates:
     local = rank_shard(model, layout)
     chunk_layers = model.num_layers // layout.chunks
     # the optimizer split DeepSpeed ZeRO-3 runs (whole sub-groups), as simulate() prices it
-    setup = resolve_offload(deepspeed_sub_group_ratio(plan, partition_sizes(model, plan, plan.tp * max(1, plan.dp)))[0])
+    setup = resolve_offload(deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))[0])
     on_gpu_optimizer = not setup.optimizer
     shard_opt = plan.dp if plan.zero >= 1 and plan.dp > 1 else 1
     stages = []

@@ -4,6 +4,7 @@ become ready, and what crosses the link (Widths, decided by cost/offload_policy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
@@ -157,17 +158,18 @@ def sub_group_count(tensors: list[int], size: float) -> int:
     return max(1, groups + (1 if held else 0))
 
 
-def deepspeed_sub_group_ratio(plan: Plan, tensors: list[int]) -> tuple[Plan, str | None]:
+def deepspeed_sub_group_ratio(plan: Plan, tensors: Callable[[], list[int]] | list[int]) -> tuple[Plan, str | None]:
     """The plan with the offload_ratio DeepSpeed ZeRO-3 really runs, and a note when it differs.
     Stage 3 splits the optimizer by whole sub-groups of sub_group_size parameters (default 1e9):
     the first int((1 - ratio) x sub-groups) stay on the GPU (stage3.py subgroup_to_device, in float
     arithmetic: 0.8 of 5 sub-groups keeps int(0.19999999999999996 x 5) = 0), so a 3B model's 4
     sub-groups at ratio 0.9 all go to the CPU. `tensors`: the rank's parameter partitions in the
-    model's order (ModelSpec.partition_sizes)."""
+    model's order (graph/step.partition_sizes), or a function giving them (called only when needed:
+    the plan search asks this of every plan)."""
     if not (plan.framework == Framework.DEEPSPEED and plan.zero == 3 and plan.offload_ratio < 1
             and "optimizer" in plan.offload):
         return plan, None
-    groups = sub_group_count(tensors, plan.sub_group_size)
+    groups = sub_group_count(tensors() if callable(tensors) else tensors, plan.sub_group_size)
     ratio = 1 - int((1 - plan.offload_ratio) * groups) / groups
     if abs(ratio - plan.offload_ratio) < 1e-9:
         return plan, None
