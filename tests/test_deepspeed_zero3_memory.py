@@ -96,3 +96,18 @@ def test_deepspeed_018_clipped_superoffload_rolls_back_and_steps_again():
     names = [op.name for op in chunk_graph(GQA, plan, rank, GQA.num_layers, (True, True), True).graph.ops]
     assert names.count("cpu_adamw.rollback") == names.count("cpu_adamw.redo") > 0
     assert simulate(GQA, QUAD, plan).step_time_s > simulate(GQA, QUAD, plan.with_(grad_clip=False)).step_time_s
+
+
+def test_deepspeed_stage3_scales_host_gradients_with_or_without_clipping():
+    """stage3.py unscale_and_clip_grads multiplies every fp32 gradient partition each step (loss scale
+    x clip factor), clipping or not: with the optimizer offloaded a host pass either way."""
+    plan = _plan(zero=3, offload=OPT, offload_schedule=OffloadSchedule.OVERLAPPED)
+    assert resolve(plan).host_unscale and not resolve(plan.with_(framework=Framework.FSDP_MIXED)).host_unscale
+    for p in (plan, plan.with_(grad_clip=True)):
+        rank = prepare(GQA, QUAD, p, load_calibration(QUAD.calibration))
+        names = [op.name for op in chunk_graph(GQA, p, rank, GQA.num_layers, (True, True), True).graph.ops]
+        assert "grads.clip.cpu" in names
+    old_so = _plan(zero=3, offload=OPT, offload_schedule=OffloadSchedule.SUPEROFFLOAD, deepspeed_version="0.18")
+    rank = prepare(GQA, QUAD, old_so, load_calibration(QUAD.calibration))
+    assert "grads.unscale.cpu" in [op.name for op in chunk_graph(GQA, old_so, rank, GQA.num_layers, (True, True),
+                                                                   True).graph.ops]

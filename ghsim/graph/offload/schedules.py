@@ -215,7 +215,8 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
     main_thread = setup.schedule != OffloadSchedule.SUPEROFFLOAD  # else its CPU-Adam runs in a worker process
     returns = not setup.params  # else the next step fetches the updated parameters
     barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
-    prev = _host_clip(rw, arrivals, setup, new, last_mb, alike) if setup.grad_clip and not superoffload else None
+    clips = (setup.grad_clip or setup.host_unscale) and not superoffload
+    prev = _host_clip(rw, arrivals, setup, new, last_mb, alike) if clips else None
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
@@ -256,6 +257,9 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
                   for name in ("cpu_adamw.rollback", "cpu_adamw.redo")]
         passes.insert(1, ("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
         _in_turn(rw, arrivals, barrier, passes, new, last_mb, alike)  # after the speculative steps, in order
+    if setup.host_unscale and superoffload:  # 0.18's step scales the CPU sub-groups' gradients after backward
+        unscale = [("grads.unscale.cpu", lambda p: cpu_bytes("grads.unscale.cpu", p * 8, OPT, True))]
+        _in_turn(rw, arrivals, barrier, unscale, new, last_mb, alike)
     for n in later:
         rw.append(n)
 

@@ -52,6 +52,10 @@ class OffloadSetup:
     # step back, clips its gradient and steps it again, waiting for the worker each time
     # (superoffload_stage3.py v0.18.3 _sync_cpu_optimizer_step)
     rollback_clip: bool = False
+    # DeepSpeed stage 3 scales every fp32 gradient partition by 1 / (loss scale x clip factor) in its
+    # step, sub-group by sub-group, clipping or not (stage3.py unscale_and_clip_grads: grad.mul_,
+    # also from 0.18's SuperOffload step): with the optimizer offloaded, a host pass over the gradients
+    host_unscale: bool = False
     grad_clip: bool = False
     # FSDP2's CPUOffloadPolicy: each layer's parameters come up on the compute stream (its trace:
     # every Pinned -> Device copy on the kernels' stream), so they never overlap the layer's kernels
@@ -134,6 +138,8 @@ def resolve(plan: Plan) -> OffloadSetup:
         or clipped_superoffload,
         speculative=schedule == OffloadSchedule.SUPEROFFLOAD and (not plan.grad_clip or v018),
         rollback_clip=v018 and plan.grad_clip and not params,
+        host_unscale=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
+        and (schedule == OffloadSchedule.OVERLAPPED or v018),
         grad_clip=plan.grad_clip,
         params_on_compute_stream=params and plan.fsdp2,
         # (0.18's SuperOffload has its own partition_grads, without the round trip)
