@@ -19,8 +19,7 @@ DEFAULT_PIN_MEMORY = True
 # ADAMW_OPTIMIZER, FUSED_ADAM, CPU_ADAM ...); ghsim models AdamW's states and traffic
 ADAM_FAMILY = {"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"}
 # keys that change DeepSpeed's schedule or buffers but that ghsim prices at DeepSpeed's default
-NOT_MODELED = ("overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
-               "sub_group_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+NOT_MODELED = ("overlap_comm", "allgather_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                "stage3_max_live_parameters", "stage3_max_reuse_distance", "round_robin_gradients")
 
 
@@ -159,6 +158,10 @@ def read_ds_config(path: Path) -> tuple[dict[str, Any], list[str]]:
         raise GhsimError(f"{where}: zero_optimization.stage must be 0-3, got {stage!r}")
     out["zero"] = stage
     _offload(zero, out, where, notes)
+    for key in ("reduce_bucket_size", "sub_group_size"):
+        size = _number(zero, key, f"{where}: zero_optimization", 1.0, float("inf"))
+        if size is not None:
+            out[key] = size
     _precision(ds, out, where, notes)
     _optimizer(ds, where)
     _batches(ds, out, where, notes)

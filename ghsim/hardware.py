@@ -302,7 +302,7 @@ class NodeChoice:
     note: str | None
 
 
-def _same_gpu_node_kinds(hw: Hardware) -> list[Hardware]:
+def same_gpu_node_kinds(hw: Hardware) -> list[Hardware]:
     """Other profiles of the same GPU and host link (e.g. gh200-96gb and gh200-96gb-quad), by node size."""
     same = []
     for name in profile_names():
@@ -317,7 +317,7 @@ def _same_gpu_node_kinds(hw: Hardware) -> list[Hardware]:
 
 def bigger_node_hint(hw: Hardware) -> str:
     """' (for a 4-GPU node use --hardware gh200-96gb-quad)' where such a profile exists, else ''."""
-    bigger = [h for h in _same_gpu_node_kinds(hw) if h.gpus_per_node > hw.gpus_per_node]
+    bigger = [h for h in same_gpu_node_kinds(hw) if h.gpus_per_node > hw.gpus_per_node]
     if not bigger:
         return ""
     return f" (for a {bigger[0].gpus_per_node}-GPU node of the same GPU use --hardware {bigger[0].name})"
@@ -332,7 +332,7 @@ def node_profile_for(hw: Hardware, gpus: int, gpus_per_node: int) -> NodeChoice:
     nodes on the network, and a note names the multi-GPU node profile. Otherwise the profile
     is kept.
     """
-    bigger = [h for h in _same_gpu_node_kinds(hw) if h.gpus_per_node > hw.gpus_per_node]
+    bigger = [h for h in same_gpu_node_kinds(hw) if h.gpus_per_node > hw.gpus_per_node]
     if gpus_per_node > hw.gpus_per_node:
         fit = [h for h in bigger if h.gpus_per_node >= gpus_per_node]
         if not fit:

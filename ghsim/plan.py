@@ -102,6 +102,13 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "cpu")  # cpu: the optimizer step runs on
 TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
 FP8_RECIPES = ("delayed",) + TORCHAO_FP8_RECIPES
 MODELING_CODES = ("hf", "torchtitan")  # whose model code (Plan.modeling)
+# DeepSpeed releases whose SuperOffload differs (Plan.deepspeed_version): 0.18.x holds each sub-group's
+# gradients until the whole sub-group can be reduced and hands the worker its fp32 gradient on the GPU;
+# 0.19 reduces in reduce_bucket_size buckets and hands over the pinned host copy
+DEEPSPEED_VERSIONS = ("0.18", "0.19")
+# zero_optimization defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size, sub_group_size
+DEEPSPEED_REDUCE_BUCKET = 5e8
+DEEPSPEED_SUB_GROUP = 1e9
 
 
 @dataclass(frozen=True, slots=True)  # slots: a search holds 10^5 plans (1.7 kB each with a dict)
@@ -156,6 +163,10 @@ class Plan:
     # FSDP2 (fully_shard): with CPUOffloadPolicy it copies each layer's parameters up on the compute
     # stream, not on a copy stream as FSDP1 does (validation/measured_libraries/README.md)
     fsdp2: bool = False
+    # DeepSpeed's zero_optimization.reduce_bucket_size and sub_group_size (elements) and its release
+    reduce_bucket_size: float = DEEPSPEED_REDUCE_BUCKET
+    sub_group_size: float = DEEPSPEED_SUB_GROUP
+    deepspeed_version: str = "0.19"
 
     # --- derived sizes ----------------------------------------------------
     @property
@@ -274,6 +285,12 @@ class Plan:
             parts.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.fp8_params:
             parts.append("--fp8-params")
+        if self.reduce_bucket_size != DEEPSPEED_REDUCE_BUCKET:
+            parts.append(f"--reduce-bucket-size {self.reduce_bucket_size:g}")
+        if self.sub_group_size != DEEPSPEED_SUB_GROUP:
+            parts.append(f"--sub-group-size {self.sub_group_size:g}")
+        if self.deepspeed_version != "0.19":
+            parts.append(f"--deepspeed-version {self.deepspeed_version}")
         if self.batch_prep_s:
             parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")
         return " ".join(parts)
@@ -374,11 +391,11 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
-        elif key in ("offload_ratio", "batch_prep_s", "cpu_cores_share"):
+        elif key in ("offload_ratio", "batch_prep_s", "cpu_cores_share", "reduce_bucket_size", "sub_group_size"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
-        elif key in ("optimizer_impl", "fp8_recipe", "modeling"):
+        elif key in ("optimizer_impl", "fp8_recipe", "modeling", "deepspeed_version"):
             kw[key] = str(value)
         elif key == "optimizer" and value != "adamw":
             raise GhsimError(f"{where}: only the AdamW optimizer is modeled, got {value!r}")
@@ -460,6 +477,11 @@ def check_values(plan: Plan) -> None:
         raise GhsimError(f"offload ratio must lie in [0, 1], got {plan.offload_ratio}")
     if plan.fp8_recipe and plan.fp8_recipe not in FP8_RECIPES:
         raise GhsimError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {plan.fp8_recipe!r}")
+    if plan.reduce_bucket_size < 1 or plan.sub_group_size < 1:
+        raise GhsimError("reduce bucket and sub-group sizes must be at least 1 element, got "
+                         f"{plan.reduce_bucket_size:g} and {plan.sub_group_size:g}")
+    if plan.deepspeed_version not in DEEPSPEED_VERSIONS:
+        raise GhsimError(f"deepspeed version must be one of {', '.join(DEEPSPEED_VERSIONS)}, got {plan.deepspeed_version!r}")
     if plan.modeling not in MODELING_CODES:
         raise GhsimError(f"modeling must be one of {', '.join(MODELING_CODES)}, got {plan.modeling!r}")
     if plan.optimizer_impl not in OPTIMIZER_IMPLS:

@@ -63,12 +63,12 @@ from ghsim.graph.parallel import (
 )
 from ghsim.graph.states import check_host_capacity, kept_states, rank_states
 from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
-from ghsim.graph.step import loader_seconds, param_counts
+from ghsim.graph.step import loader_seconds, param_counts, partition_sizes
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.report.host import per_node
 from ghsim.model import ModelSpec, simulator_gap
-from ghsim.plan import OffloadSchedule, Plan, Precision, check_plan
+from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, check_plan
 from ghsim.plan_build import GraphKey, PlanBuild, PriceBook, RankPricing
 from ghsim.report.step_report import StepReport, Timeline, fit_problems
 from ghsim.sim import engine
@@ -113,7 +113,7 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
-    plan, note = deepspeed_sub_group_ratio(plan, param_counts(model, plan).trainable)
+    plan, note = deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))
     calibration = calibration or load_calibration(hw.calibration)
     report = simulate_prepared(model, hw, plan, calibration, keep_timeline)
     notes = tuple(n for n in (note, measured_blocks.note(model, hw, plan, calibration)) if n)
@@ -425,7 +425,8 @@ def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
     """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     send_s = _send_time(model, plan, rank)
-    chunks = [chunk_times(*runs[k], send_s) for k in kind_of]
+    blocks = plan.framework == Framework.MEGATRON_LEGACY  # its p2p waits for each send (ChunkTimes.send_blocks)
+    chunks = [replace(chunk_times(*runs[k], send_s), send_blocks=blocks) for k in kind_of]
     tails = []
     for d in range(layout.pp):
         mine = [runs[kind_of[c * layout.pp + d]][0] for c in range(layout.interleave)]

@@ -110,3 +110,13 @@ def test_hardware_listing_names_node_size_and_assumed_figures():
     quad = next(line for line in out.splitlines() if line.startswith("gh200-96gb-quad"))
     assert "4 GPU(s)/node" in quad and "assumed: " in quad and "unified_memory.migration_gbps" in quad
     assert "host path x2.46" in quad  # Grace's launch path against the calibration's x86 host
+
+
+def test_no_fit_advice_names_the_other_node_kind_and_what_changes():
+    from ghsim.search.explain import _fixes
+
+    model = load_model("llama-3.1-405b")
+    for name, other in (("gh200-96gb", "gh200-96gb-quad"), ("gh200-96gb-quad", "gh200-96gb")):
+        fixes = _fixes(model, load_hardware(name), Plan(gpus=8, seq=4096))
+        line = next(f for f in fixes if f.startswith(f"--hardware {other}:"))
+        assert "GB of host memory per node" in line and "per GPU" in line and "fit" in line

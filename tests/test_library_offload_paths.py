@@ -84,12 +84,30 @@ def test_superoffload_splits_the_cores_as_deepspeed_does():
 
 def test_deepspeed_zero3_offloads_whole_sub_groups():
     ds = _plan(framework=Framework.DEEPSPEED, zero=3, offload=OPT, offload_ratio=0.9)
-    same, note = deepspeed_sub_group_ratio(ds, 3.2e9)  # 4 sub-groups: int(0.1 x 4) = 0 stay on the GPU
+    tensors = [32_000_000] * 100  # 3.2e9 parameters: 3 sub-groups of 32 tensors and one of 4
+    same, note = deepspeed_sub_group_ratio(ds, tensors)  # int(0.1 x 4) = 0 stay on the GPU
     assert same.offload_ratio == 1.0 and "runs as 1" in note
-    half, _ = deepspeed_sub_group_ratio(ds.with_(offload_ratio=0.5), 4e9)
+    half, _ = deepspeed_sub_group_ratio(ds.with_(offload_ratio=0.5), [40_000_000] * 100)  # 4 of 25
     assert half.offload_ratio == 0.5
     for other in (ds.with_(zero=2), ds.with_(framework=Framework.TORCH_AMP), ds.with_(offload_ratio=1.0)):
-        assert deepspeed_sub_group_ratio(other, 3.2e9) == (other, None)
+        assert deepspeed_sub_group_ratio(other, tensors) == (other, None)
+
+
+def test_sub_groups_close_at_the_size_as_deepspeed_does():
+    """stage3.py closes a sub-group once it holds sub_group_size elements: the ETH 8B model's 2.013e9
+    elements per rank make 5 sub-groups of 4e8 (not ceil = 6), so ratio 0.8 keeps none on the GPU."""
+    from ghsim.graph.offload.setup import sub_group_count
+    from ghsim.graph.step import partition_sizes
+    from ghsim.model import model_from_dict
+    eth = model_from_dict({"name": "eth", "hidden_size": 4096, "intermediate_size": 14336, "num_layers": 32,
+                           "num_attention_heads": 32, "num_kv_heads": 8, "head_dim": 128, "vocab_size": 131072,
+                           "tie_embeddings": False, "max_seq_len": 2048}, "test", "eth")
+    plan = _plan(framework=Framework.DEEPSPEED, zero=3, offload=OPT, offload_ratio=0.8, gpus=4,
+                 sub_group_size=4e8)
+    tensors = partition_sizes(eth, plan, 4)
+    assert sum(tensors) == 2_013_332_480 and sub_group_count(tensors, 4e8) == 5
+    assert deepspeed_sub_group_ratio(plan, tensors)[0].offload_ratio == 1.0
+    assert sub_group_count([10, 10], 100) == 1 and sub_group_count([100, 1], 100) == 2
 
 
 def test_zero3_hooks_every_module_of_a_layer():

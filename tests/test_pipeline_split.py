@@ -96,3 +96,19 @@ def test_the_plan_search_refuses_a_fixed_split():
 def test_parse_rejects_non_lists():
     with pytest.raises(GhsimError):
         plan_from_dict({"pp": 2, "gpus": 2, "pp_layers": 7})
+
+
+def test_blocking_sends_hold_the_sending_stage():
+    """Megatron-LM 2021-22 (and DeepSpeed's PipelineEngine) wait for each send before computing on:
+    with sends on the stage's own GPU the step grows by at least one send."""
+    from dataclasses import replace
+
+    from ghsim.graph.pipeline import ChunkTimes, StageTail
+    from ghsim.sim.pipeline import schedule_pipeline
+
+    pp, M, send = 4, 8, 0.01
+    chunks = [ChunkTimes(0.1, 0.2, 0.0, 0.1, 0.2, 0.0, send)] * pp
+    tails = [StageTail(0.0, 0.0)] * pp
+    overlapped = schedule_pipeline(pp, 1, M, chunks, tails).schedule.makespan
+    blocking = schedule_pipeline(pp, 1, M, [replace(c, send_blocks=True) for c in chunks], tails).schedule.makespan
+    assert blocking >= overlapped + send - 1e-12

@@ -122,6 +122,14 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
                      help="Whose model code runs: Hugging Face transformers (default; under --compile SDPA gets a "
                           "materialised boolean causal mask and k/v expanded to every head) or torchtitan's "
                           "(SDPA with is_causal)."),
+        click.option("--reduce-bucket-size", type=FLOAT, default=None,
+                     help="DeepSpeed's zero_optimization.reduce_bucket_size in elements (default 5e8)."),
+        click.option("--sub-group-size", type=FLOAT, default=None,
+                     help="DeepSpeed's zero_optimization.sub_group_size in elements (default 1e9): ZeRO-3 offloads "
+                          "and steps the optimizer in sub-groups of this many parameters per GPU."),
+        click.option("--deepspeed-version", type=click.Choice(["0.18", "0.19"]), default=None,
+                     help="DeepSpeed release (default 0.19); 0.18's SuperOffload reduces whole sub-groups and "
+                          "hands its worker the fp32 gradient on the GPU."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "
                           "one more pass over the fp32 gradients on the CPU."),
@@ -155,7 +163,8 @@ FLAG_TO_FIELD = {
     "dataloader_workers": "dataloader_workers", "batch_prep_ms": "batch_prep_s", "optimizer_impl": "optimizer_impl", "framework": "framework",
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
     "grad_clip": "grad_clip", "fsdp2": "fsdp2", "fused_norm": "fused_norm", "compile": "compile", "modeling": "modeling",
-    "fp8_recipe": "fp8_recipe", "fp8_params": "fp8_params",
+    "fp8_recipe": "fp8_recipe", "fp8_params": "fp8_params", "reduce_bucket_size": "reduce_bucket_size",
+    "sub_group_size": "sub_group_size", "deepspeed_version": "deepspeed_version",
 }
 
 

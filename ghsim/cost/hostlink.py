@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ghsim.cost.library_overheads import superoffload_worker_pace
-from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.ops import Kind
 from ghsim.cost.cpu_optimizer import (
     ADAMW_STREAM_BYTES,
@@ -39,7 +38,7 @@ from ghsim.cost.cpu_optimizer import (
     foreach_norm_bandwidth,
 )
 from ghsim.graph.optimizer import resolve_cpu_optimizer
-from ghsim.plan import CpuOptimizer, OffloadSchedule
+from ghsim.plan import DEEPSPEED_SUB_GROUP, CpuOptimizer, OffloadSchedule
 
 if TYPE_CHECKING:
     from ghsim.cost.calibration import Calibration
@@ -69,6 +68,7 @@ class HostSide:
     # GH200 runs (SuperOffload paper and blog) have SuperOffload ahead of ZeRO-Offload, which the
     # x86 pace would contradict
     worker_process: bool = False
+    sub_group: float = DEEPSPEED_SUB_GROUP  # parameters handed to the worker at once (sub_group_size)
 
     @staticmethod
     def of(hw: "Hardware", plan: "Plan | None" = None, cal: "Calibration | None" = None) -> "HostSide":
@@ -82,7 +82,7 @@ class HostSide:
             return side
         opt, main = optimizer_threads(plan, side.cores_per_gpu, node)
         worker = plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and not hw.host_link.is_c2c
-        return HostSide(hw, sharers, node, opt, main, worker)
+        return HostSide(hw, sharers, node, opt, main, worker, plan.sub_group_size)
 
     # --- the link ---------------------------------------------------------------
     def host_memory_rate(self) -> float:
@@ -143,7 +143,7 @@ class HostSide:
                            tensors: tuple[float, ...] = ()) -> float:
         if params <= 0:
             return 0.0
-        handoff = superoffload_worker_pace()[1] * params / SUB_GROUP_PARAMS if self.worker_process else 0.0
+        handoff = superoffload_worker_pace()[1] * params / self.sub_group if self.worker_process else 0.0
         return params / self.cpu_adamw_rate(impl, tensors) + handoff
 
     def cpu_stream_rate(self) -> float:

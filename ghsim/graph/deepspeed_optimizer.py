@@ -18,15 +18,13 @@ from ghsim.graph import ops as K
 from ghsim.graph.dtypes import dtyped
 from ghsim.graph.ops import Category, Op, Phase, Resource
 from ghsim.graph.optimizer import gpu_adamw
-from ghsim.plan import Framework
+from ghsim.plan import DEEPSPEED_SUB_GROUP, Framework
 
 # Kernels DeepSpeed launches per gradient tensor for the global norm and its inf/nan checks
 # (linalg_vector_norm, isfinite x 2, amax, amin, logical_and, logical_not, add_ and their
 # reductions): 4,100 kernels for 254 tensors in the trace named above.
 NORM_KERNELS_PER_TENSOR = 16
 _TAG = "optimizer_temp"
-# zero_optimization.sub_group_size default (deepspeed/runtime/zero/config.py)
-SUB_GROUP_PARAMS = 1e9
 
 
 # the variant of the host op carrying DeepSpeed ZeRO-3's module hooks (priced per module and
@@ -87,8 +85,10 @@ def grad_norm_bytes(zero: int, g: int) -> float:
     return 3 * g + 16 if zero <= 2 else 4 + 2 * g
 
 
-def deepspeed_optimizer_ops(params: float, n_tensors: int, zero: int, grad_width: int, clip: bool) -> list[Op]:
-    """The step over `params` (this rank's partition) held in `n_tensors` tensors."""
+def deepspeed_optimizer_ops(params: float, n_tensors: int, zero: int, grad_width: int, clip: bool,
+                            sub_group: float = DEEPSPEED_SUB_GROUP) -> list[Op]:
+    """The step over `params` (this rank's partition) held in `n_tensors` tensors; `sub_group`:
+    zero_optimization.sub_group_size."""
     P, g = params, grad_width
     ops = []
     if zero <= 2:
@@ -99,7 +99,7 @@ def deepspeed_optimizer_ops(params: float, n_tensors: int, zero: int, grad_width
         # compute stream (overlap_comm off) and placed here, at the step they precede.
         ops.append(_pass("ds.grads_to_bucket", 2 * g * P, 2, g))
         ops.append(_pass("ds.bucket_to_partition", 2 * g * P, 2, g).with_hbm(_TAG, g * P))
-    fp32 = 4 * (P if zero <= 2 else min(P, SUB_GROUP_PARAMS))  # the fp32 gradient held at once
+    fp32 = 4 * (P if zero <= 2 else min(P, sub_group))  # the fp32 gradient held at once
     widen = _pass("ds.grads_to_fp32", (g + 4) * P, 2, 4).with_hbm(_TAG, fp32)
     ops.append(widen.with_hbm(_TAG, -g * P) if zero <= 2 else widen)
     ops.append(_pass("ds.grad_norm", grad_norm_bytes(zero, g) * P, NORM_KERNELS_PER_TENSOR * n_tensors, 4))

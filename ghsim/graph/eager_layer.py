@@ -18,6 +18,7 @@ from ghsim.graph.kernels import (
     HF_ROPE_FP32_BWD_KERNELS,
     ROPE_BWD_KERNELS,
     ROPE_FWD_KERNELS,
+    SDPA_BWD_KERNELS,
     SWIGLU_BWD_KERNELS,
     SWIGLU_FWD_KERNELS,
     sdpa_backward_kernels,
@@ -149,6 +150,7 @@ class EagerLayer(TorchaoFp8Projections):
         kvs = self.sdpa_kv_dim
         self._emit(bwd, {"g_q": T * q * act, "g_k": T * kvs * act, "g_v": T * kvs * act},
                    ["g_o", "q_rot", "k_rot", "v", "o", "lse"], T * q * 4)
+        self._kv_grads_from_sdpa()
         self._rope_bwd()
         regathered = self.tp_gather("n1.all_gather.bwd", T * h * self.dt.residual, "n1.g", for_wgrad=True)
         self._input_grads(self.attn_in, ["g_qp", "g_kp", "g_v"], kept, "g_n1",
@@ -181,15 +183,42 @@ class EagerLayer(TorchaoFp8Projections):
         return ""
 
     @property
+    def _eager_repeat_kv(self) -> bool:
+        """torchtitan's Llama (and models copied from it, e.g. ETH's src/model.py) expands k and v to
+        every query head before SDPA (Attention.forward: repeat_kv, an expand and a reshape that copies),
+        so SDPA reads and saves the copies; eager Hugging Face hands SDPA k and v as they are."""
+        return self.plan.modeling == "torchtitan" and not self.plan.compile and self.m.kv_dim != self.m.q_dim
+
+    @property
     def sdpa_kv_dim(self) -> int:
-        """Width of the k and v SDPA reads (and saves): the kv heads', GQA handled inside SDPA."""
-        return self.m.kv_dim
+        """Width of the k and v SDPA reads (and saves): the kv heads', GQA handled inside SDPA
+        (torchtitan's eager repeat_kv: every query head's)."""
+        return self.m.q_dim if self._eager_repeat_kv else self.m.kv_dim
 
     def _sdpa_bwd_kernels(self) -> int:
+        if self._eager_repeat_kv:  # k and v come expanded: no GQA reduction inside SDPA's backward
+            return SDPA_BWD_KERNELS
         return sdpa_backward_kernels(self.m.num_attention_heads, self.m.num_kv_heads)
 
     def _kv_for_sdpa(self) -> None:
-        """k and v as SDPA takes them (eager HF: as they are, GQA handled inside SDPA)."""
+        """k and v as SDPA takes them (eager HF: as they are, GQA handled inside SDPA; torchtitan:
+        each copied to every query head, the copies replacing them)."""
+        if self._eager_repeat_kv:
+            self._replace_kv("repeat_kv", ("k_rot", "v"), self.sdpa_kv_dim)
+
+    def _kv_grads_from_sdpa(self) -> None:
+        """torchtitan's repeat_kv backward: SDPA's k and v gradients summed over the heads they were copied to."""
+        if self._eager_repeat_kv:
+            self._replace_kv("repeat_kv.bwd", ("g_k", "g_v"), self.m.kv_dim)
+
+    def _replace_kv(self, name: str, tensors: tuple[str, str], width: int) -> None:
+        """One kernel each that reads k's and v's tensors (`tensors`) and writes them `width` wide in their place."""
+        T, act = self.T, self.dt.act
+        new = {f"{t}.{name}": T * width * act for t in tensors}
+        self.mem(name, DOWNCAST, 2 * T * (self.m.kv_dim + self.sdpa_kv_dim) * act, 2, Category.ELEMENTWISE,
+                 creates=new, frees=list(tensors))
+        for t in tensors:
+            self.t.live[t] = self.t.live.pop(f"{t}.{name}")
 
     def _residual_add(self, name: str, branch_out: str, out: str) -> None:
         """The residual stream plus a branch's output: one add kernel."""

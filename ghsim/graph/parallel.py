@@ -25,12 +25,12 @@ from ghsim.graph.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Grou
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.offload import (
-    DEEPSPEED_BUCKET_ELEMENTS,
     GradSource,
     RankHooks,
     StepFacts,
     Widths,
     apply_offload_mapped,
+    superoffload_whole_sub_groups,
 )
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import saved_bytes_for as offload_saved_bytes
@@ -297,7 +297,12 @@ def bucket_bytes(plan: Plan, layer_grad_bytes: float) -> float:
         # micro-batch is done (--overlap-grad-reduce is off by default): one bucket, not overlapped
         return math.inf
     if plan.framework == Framework.DEEPSPEED:
-        return DEEPSPEED_BUCKET_ELEMENTS * Dtypes.of(plan).grad
+        if superoffload_whole_sub_groups(plan):
+            # DeepSpeed 0.18's SuperOffload reduces a sub-group's gradients only once every one of its
+            # parameters has its gradient (superoffload_stage3.py reduce_independent_p_g_buckets_and_remove_grads
+            # buffers the others): a bucket is a whole sub-group, its full (unpartitioned) gradients
+            return plan.sub_group_size * plan.dp * Dtypes.of(plan).grad
+        return plan.reduce_bucket_size * Dtypes.of(plan).grad
     return layer_grad_bytes  # FSDP: one unit per layer
 
 
@@ -347,6 +352,14 @@ class _MicrobatchBuilder:
         self.emb_fwd, self.emb_bwd = (t.emb_fwd, t.emb_bwd) if chunk.first else ((), ())
         self.cp = chunk_params(model, plan, layout, chunk)
         self.dt = dt = Dtypes.of(plan)
+        # what ZeRO-3 gathers for the embedding and for the final norm and LM head (working precision)
+        self.emb_bytes, self.head_bytes = self.cp.embedding_params * dt.param, self.cp.head_params * dt.param
+        # FSDP's root unit holds them (the parameters no decoder layer's unit took): gathered when the
+        # forward starts and, as the root, not resharded after it (FSDP1 and FSDP2 alike) until its backward ends
+        self.root_bytes = (self.emb_bytes + self.head_bytes) if plan.framework == Framework.FSDP_MIXED else 0.0
+        if self.root_bytes:
+            self.emb_bytes = self.head_bytes = 0.0
+        self.prefetch_from: int | None = None  # the backward's second-last layer: the embedding is fetched after it
         T, h = plan.micro_batch * plan.seq, model.hidden_size
         self.T = T
         self.tp_bytes = T * h * dt.residual
@@ -354,6 +367,7 @@ class _MicrobatchBuilder:
         self.reducing = dp > 1 and (final or reduce_every_microbatch)
         self.layer_grads = _grad_bytes(t.bwd)
         self.bucket = bucket_bytes(plan, self.layer_grads)
+        self.whole_sub_groups = superoffload_whole_sub_groups(plan) and dp > 1
         self.grad_kind = ALL_REDUCE if zero == 0 else REDUCE_SCATTER
         # offloaded gradients leave as they are reduced (ZeRO-2/3: every micro-batch; ZeRO-0/1: the last),
         # or with one data-parallel rank as backward makes them; the host accumulates them
@@ -397,6 +411,20 @@ class _MicrobatchBuilder:
         deps = (after,) if after is not None and after >= 0 else ()
         self.gathers[layer] = self.gathered[(phase, layer)] = self.rg.g.add(self.gather_ops[phase], deps=deps)
 
+    def zero3_outer(self, what: str, nbytes: float, phase: str, after: int | None = None) -> int | None:
+        """ZeRO-3 gathers the embedding's and the LM head's weights as it gathers a layer's: DeepSpeed's
+        pre-forward and pre-backward hooks fetch every module's parameters (partitioned_param_coordinator.py
+        fetch_sub_module), whatever the op needs. Returns the gather, which the module's ops wait for."""
+        if self.zero != 3 or nbytes <= 0:
+            return None
+        deps = (after,) if after is not None and after >= 0 else ()
+        gather = _comm(f"zero3.all_gather.{what}", ALL_GATHER, Resource.DP, nbytes, phase, deps=deps)
+        return self.rg.g.add(gather.with_hbm("gathered_params", nbytes))
+
+    def zero3_outer_release(self, nbytes: float, phase: str) -> None:
+        if self.zero == 3 and nbytes > 0:
+            self.rg.g.add(_marker("zero3.release", phase).with_hbm("gathered_params", -nbytes))
+
     def forward(self) -> int:
         """The chunk's forward (after the gradients earlier micro-batches left); returns its last op."""
         rg, plan, zero, dp = self.rg, self.plan, self.zero, self.dp
@@ -406,21 +434,33 @@ class _MicrobatchBuilder:
             rg.g.add(_marker("grads.accumulated", FWD).with_hbm("grads", all_grads))
         elif self.earlier and self.lazy_shards and not self.streams:  # the gradient shards, accumulated
             rg.g.add(_marker("grads.accumulated", FWD).with_hbm("grads", all_grads / dp))
+        root = self.zero3_outer("root", self.root_bytes, FWD)
+        if root is not None:
+            rg.wait_before(root)
         if self.emb_fwd:
             data = input_ops(plan)  # the micro-batch's tokens, from the host's data loader
             if data:
                 rg.extend(data)
+            gather = self.zero3_outer("embedding", self.emb_bytes, FWD)
+            if gather is not None:
+                rg.wait_before(gather)
             rg.extend(self.emb_fwd)
+            # released after its forward: its next use, in backward, is further than DeepSpeed's reuse distance
+            self.zero3_outer_release(self.emb_bytes, FWD)
             self.tp_collective("embedding.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE, self.tp_bytes, FWD)
         else:
             rg.g.add(_marker("input.received", FWD).with_hbm("activations", self.x_bytes))
         layer_ends: list[int] = []
+        head_gather = None
         for layer in range(L):
             if zero == 3:
                 if layer == 0:
                     self.zero3_gather(0, None, FWD)
                 if layer + 1 < L:  # prefetch the next layer once the one before this has finished
                     self.zero3_gather(layer + 1, layer_ends[layer - 1] if layer >= 1 else None, FWD)
+                elif self.loss_fwd:  # the LM head after the last layer, prefetched alike
+                    head_gather = self.zero3_outer("lm_head", self.head_bytes, FWD,
+                                                   layer_ends[layer - 1] if layer >= 1 else None)
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(self.t.fwd, layer=layer)
             layer_ends.append(last)
@@ -430,6 +470,12 @@ class _MicrobatchBuilder:
         if self.loss_fwd:
             if self.sp:
                 self.tp_collective("lm_head.all_gather", ALL_GATHER, self.tp_bytes, FWD)
+            if head_gather is None and zero == 3:  # a chunk without layers
+                head_gather = self.zero3_outer("lm_head", self.head_bytes, FWD)
+            if head_gather is not None:
+                # kept to its backward, which follows within DeepSpeed's max_reuse_distance (1e9 elements,
+                # partitioned_param_coordinator.py __params_to_release)
+                rg.wait_before(head_gather)
             rg.extend(self.loss_fwd)
             if cache_bytes:  # autocast exits: its cached bf16 weight copies are released
                 rg.g.ops[rg.last] = rg.g.ops[rg.last].with_hbm("weight_copies", -cache_bytes * L)
@@ -446,6 +492,8 @@ class _MicrobatchBuilder:
         dp, zero = self.dp, self.zero
         calls = max(1, math.ceil(nbytes / self.bucket - 1e-9))
         op = _comm(f"grads.{self.grad_kind}", self.grad_kind, Resource.DP, nbytes, phase, calls=calls, deps=(after,))
+        if self.whole_sub_groups:
+            op = op.evolve(hbm_transient=self._sub_group_reduce_bytes(nbytes))
         shards = shards_grads(self.plan, zero)  # the full gradients give way to this rank's shard (or leave for the host)
         if shards:
             kept = nbytes / dp if self.lazy_shards and not self.earlier and not self.streams else 0.0
@@ -453,6 +501,15 @@ class _MicrobatchBuilder:
         self.last_dp = self.rg.g.add(op)
         self.sources.append(GradSource(self.last_dp, params, 0.0 if shards else nbytes,
                                        ("bucket", len(self.sources)), -1, 0, self.accumulate, Resource.DP))
+
+    def _sub_group_reduce_bytes(self, nbytes: float) -> float:
+        """What DeepSpeed 0.18's SuperOffload allocates reducing a whole sub-group (`nbytes` of full
+        gradients, more than reduce_bucket_size): stage3.py reduces it with reduce_scatter_coalesced,
+        which copies every gradient into one flat buffer (coalesced_collectives.py, torch.cat), and
+        its partition_grads concatenates this rank's partitions and casts them to fp32 while the flat
+        copy and the full gradients are still held (superoffload_stage3.py: torch.cat(...).to(fp32))."""
+        shard = nbytes / self.dp
+        return nbytes + shard + shard * 4 / self.dt.grad
 
     def _layer_grads_ready(self, layer: int, last: int) -> None:
         """A layer's backward is done: its gradients leave (one rank) or join the bucket being filled."""
@@ -476,6 +533,7 @@ class _MicrobatchBuilder:
             rg.g.add(_marker("grad.received", BWD).with_hbm("activation_grads", self.g_bytes))
         else:
             _, loss_last = rg.extend(acc(loss_bwd))
+            self.zero3_outer_release(self.head_bytes, BWD)
             self.tp_collective("lm_head.tp_reduce", REDUCE_SCATTER if self.sp else ALL_REDUCE,
                                self.T * self.model.hidden_size * (4 if self.dt.autocast_casts else self.dt.act), BWD)
         if loss_bwd and dp == 1:
@@ -497,6 +555,8 @@ class _MicrobatchBuilder:
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(bwd_ops, layer=layer)
             bwd_ends.append(last)
+            if layer == 1:
+                self.prefetch_from = last
             if zero == 3:
                 rg.g.add(self.release_ops[BWD])
             self._layer_grads_ready(layer, last)
@@ -507,6 +567,7 @@ class _MicrobatchBuilder:
         gpu = Resource.GPU
         bwd_last = next(i for i in range(len(rg.g) - 1, -1, -1) if rg.g.ops[i].resource == gpu)
         tail_first = len(rg.g)
+        self.zero3_outer_release(self.root_bytes, BWD)
         if self.reducing and self.pending_grads > 0:
             self.reduce_grads(self.pending_grads, self.pending_params, bwd_last, BWD)
         if self.offload.any:  # the end of backward, as an op the rewrite keeps in place
@@ -518,7 +579,11 @@ class _MicrobatchBuilder:
         if self.emb_bwd:
             if self.sp:
                 self.tp_collective("embedding.all_gather.bwd", ALL_GATHER, self.tp_bytes, BWD)
+            gather = self.zero3_outer("embedding", self.emb_bytes, BWD, self.prefetch_from)
+            if gather is not None:
+                rg.wait_before(gather)
             rg.extend(self.acc(self.emb_bwd))
+            self.zero3_outer_release(self.emb_bytes, BWD)
             if self.dp == 1:
                 self.sources.append(GradSource(rg.last, cp.embedding_trainable, self.emb_grads, ("embedding",), -1, 0,
                                                self.accumulate))

@@ -50,6 +50,10 @@ class ChunkTimes:
     final_bwd_s: float
     final_comm_s: float  # gradient reductions still running after the last backward
     send_s: float  # activations to the next chunk (the gradient back costs the same)
+    # the framework's sends hold the sending stage's GPU until they complete (Megatron-LM 2021-22's
+    # p2p_communication._communicate: batch_isend_irecv, req.wait(), then torch.cuda.synchronize();
+    # DeepSpeed's PipelineEngine: blocking dist.send / dist.recv); else a send overlaps the next compute
+    send_blocks: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,13 +140,15 @@ def build_pipeline(pp: int, v: int, M: int, chunks: list[ChunkTimes], tails: lis
                 seq.append(((FWD, j, m), gpu, t.final_fwd_s if last_mb else t.fwd_s, deps,
                             final_fwd if last_mb else fwd, c, m))
                 if j < J - 1:
-                    seq.append((("PF", j, m), _link(d, (j + 1) % pp), t.send_s, [(FWD, j, m)], p2p, c, m))
+                    link = gpu if t.send_blocks else _link(d, (j + 1) % pp)
+                    seq.append((("PF", j, m), link, t.send_s, [(FWD, j, m)], p2p, c, m))
             else:
                 deps = [("PB", j + 1, m)] if j < J - 1 else [(FWD, j, m)]
                 seq.append(((BWD, j, m), gpu, t.final_bwd_s if last_mb else t.bwd_s, deps,
                             final_bwd if last_mb else bwd, c, m))
                 if j > 0:
-                    seq.append((("PB", j, m), _link(d, (j - 1) % pp), chunks[j - 1].send_s, [(BWD, j, m)], p2p, c, m))
+                    link = gpu if t.send_blocks else _link(d, (j - 1) % pp)
+                    seq.append((("PB", j, m), link, chunks[j - 1].send_s, [(BWD, j, m)], p2p, c, m))
                 comm = t.final_comm_s if last_mb else t.bwd_comm_s
                 if comm > 0:
                     seq.append((("C", j, m), dp, comm, [(BWD, j, m)], comm_link, c, m))

@@ -25,8 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
-from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
-from ghsim.graph.offload import DEEPSPEED_BUCKET_ELEMENTS, OffloadSetup
+from ghsim.graph.offload import OffloadSetup
 from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import Hardware
 from ghsim.plan import Framework, OffloadSchedule, Plan, Precision
@@ -193,14 +192,16 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
         elif setup.schedule == OffloadSchedule.SYNC and setup.host_pinned_blocks:
             out.update(master_params=4 * p * tensor_blocks, grads=4 * p * tensor_blocks)
         elif setup.grad_round_trip and not setup.params:
-            full, rest = divmod(p, SUB_GROUP_PARAMS)
-            out.update(grads=int(full) * block(4 * SUB_GROUP_PARAMS) + block(4 * rest), grad_partition16=block(2 * p))
-            if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
+            full, rest = divmod(p, setup.sub_group)
+            out.update(grads=int(full) * block(4 * setup.sub_group) + block(4 * rest), grad_partition16=block(2 * p))
+            if setup.schedule == OffloadSchedule.SUPEROFFLOAD and not setup.gpu_grad_handoff:
                 # handing a sub-group to the CPU-Adam worker moves its fp32 gradient into shared memory
                 # (torch.multiprocessing), while the pinned block stays in torch's cache; the worker
                 # copies each gradient into its own pinned buffer of the largest sub-group
                 # (superoffload_utils.py; offload_calibration.py: the handed-over tensors come back unpinned)
-                out.update(grads_shared=4 * p, worker_grad_buffer=block(4 * min(p, SUB_GROUP_PARAMS)))
+                out.update(grads_shared=4 * p, worker_grad_buffer=block(4 * min(p, setup.sub_group)))
+            elif setup.gpu_grad_handoff:  # DeepSpeed 0.18: the worker copies the GPU gradient into its pinned buffer
+                out.update(worker_grad_buffer=block(4 * min(p, setup.sub_group)))
     if setup.params:
         frozen = total - trainable
         if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
@@ -234,8 +235,17 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
         # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer),
         # allocated with contiguous_gradients (the default) on one GPU too: the measured offload
         # cases' HBM peaks are that 1.0 GB above the states (validation/measured_libraries)
-        return min(DEEPSPEED_BUCKET_ELEMENTS * Dtypes.of(plan).grad, grads)
+        return min(plan.reduce_bucket_size * Dtypes.of(plan).grad, grads)
     return 0.0
+
+
+def handed_over_gradient(setup: OffloadSetup, trainable: float) -> float:
+    """DeepSpeed 0.18's SuperOffload: the fp32 gradient of the sub-group last handed to the CPU-Adam
+    worker, which CUDA IPC keeps allocated on the GPU until the worker drops it (OffloadSetup.gpu_grad_handoff);
+    the step starts with one held from the last step's last hand-over."""
+    if not (setup.gpu_grad_handoff and setup.cpu_share > 0):
+        return 0.0
+    return 4 * min(setup.cpu_share * trainable / setup.shard, setup.sub_group)
 
 
 def fp8_weight_cache(plan: Plan, dp: int, stage: StageParams) -> float:
@@ -258,6 +268,9 @@ def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) ->
     buckets = comm_buckets(plan, dp, stage.trainable)
     if buckets:
         hbm["comm_buckets"] = buckets
+    handed = handed_over_gradient(setup, stage.trainable)
+    if handed:
+        hbm["worker_grad_handoff"] = handed
     cache = fp8_weight_cache(plan, dp, stage)
     if cache:
         hbm["fp8_weight_cache"] = cache

@@ -72,6 +72,24 @@ def trainable_tensor_sizes(model: ModelSpec, plan: Plan, split: int = 1) -> tupl
     return tuple(v for n, c in pairs if n > 0 and c > 0 for v in (max(1, n // split), c))
 
 
+def partition_sizes(model: ModelSpec, plan: Plan, shard: int) -> list[int]:
+    """One rank's share of each trainable tensor, in the model's order (embedding, each layer's
+    projections, experts' matrices and norms, the final norm, an untied LM head), each divided over
+    `shard` ranks and rounded up as ZeRO-3 partitions a parameter (DeepSpeed's sub-groups follow this
+    order: graph/offload/setup.sub_group_count). LoRA adapters by size."""
+    m, h = model, model.hidden_size
+    if plan.lora_rank:
+        pairs = trainable_tensor_sizes(model, plan)
+        order = [n for n, c in zip(pairs[::2], pairs[1::2]) for _ in range(c)]
+    else:
+        experts = m.moe.num_experts if m.moe is not None else 1
+        f = m.moe.expert_intermediate_size if m.moe is not None else m.intermediate_size
+        layer = [h * m.q_dim, h * m.kv_dim, h * m.kv_dim, m.q_dim * h] + [h * f] * (m.mlp_matrices * experts)
+        layer += [h] * m.norms_per_layer
+        order = [m.vocab_size * h] + layer * m.num_layers + [h] + ([] if m.tie_embeddings else [m.vocab_size * h])
+    return [-(-n // max(1, shard)) for n in order]
+
+
 def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSplit()
                      ) -> tuple[list[Op], list[Op], list[Op], float]:
     """Forward ops, backward ops (including any recompute) and the saved bytes of one layer.
@@ -263,7 +281,8 @@ def _optimizer_ops(model: ModelSpec, plan: Plan, counts: ParamCounts) -> list[Op
         return _fused_optimizer_ops(model, plan, counts)
     dt = Dtypes.of(plan)
     if plan.framework == Framework.DEEPSPEED and plan.zero >= 1 and dt.param < 4 and not plan.lora_rank:
-        return deepspeed_optimizer_ops(counts.trainable, counts.n_tensors, plan.zero, dt.grad, plan.grad_clip)
+        return deepspeed_optimizer_ops(counts.trainable, counts.n_tensors, plan.zero, dt.grad, plan.grad_clip,
+                                       plan.sub_group_size)
     return [gpu_adamw(f"adamw.{plan.optimizer_impl}", counts.trainable, counts.n_tensors, plan.optimizer_impl)]
 
 

@@ -7,7 +7,7 @@ import math
 import operator
 from typing import Any
 
-from ghsim.hardware import GB, Hardware, load_hardware, profile_names
+from ghsim.hardware import GB, Hardware, load_hardware, profile_names, same_gpu_node_kinds
 from ghsim.model import ModelSpec
 from ghsim.plan import Plan, Recompute
 from ghsim.report import intervals
@@ -310,6 +310,7 @@ def _fixes(model: ModelSpec, hw: Hardware, base: Plan) -> list[str]:
     if est.host_bytes > hw.host.capacity_bytes:
         out.append(f"nodes with more host memory: offloading needs {est.host_bytes / GB:,.0f} GB per node > "
                    f"{hw.host.capacity_bytes / GB:,.0f} GB")
+    out += _other_node_kinds(model, hw, small)
     bigger = []
     for name in profile_names():
         other = load_hardware(name)
@@ -322,6 +323,28 @@ def _fixes(model: ModelSpec, hw: Hardware, base: Plan) -> list[str]:
     if not out:
         out.append("nothing ghsim models: a larger cluster than 4096x, or a smaller model")
     return out
+
+
+def _other_node_kinds(model: ModelSpec, hw: Hardware, small: Plan) -> list[str]:
+    """The same GPU in nodes of another size (gh200-96gb: one superchip per node; gh200-96gb-quad: four
+    on NVLink, each with its own Grace): what changes, and whether the leanest plan fits there."""
+    out = []
+    for other in same_gpu_node_kinds(hw):
+        if other.gpus_per_node == hw.gpus_per_node:
+            continue
+        est = estimate_memory(model, other, small.with_(gpus_per_node=0))
+        fits = est.hbm_bytes <= other.hbm.capacity_bytes and est.host_bytes <= other.host.capacity_bytes
+        out.append(f"--hardware {other.name}: {_node(other)} (here {_node(hw)}), "
+                   f"{other.host.capacity_bytes / GB:,.0f} GB of host memory per node: the leanest plan needs "
+                   f"{est.hbm_bytes / GB:.0f} GB per GPU and {est.host_bytes / GB:,.0f} GB per node there "
+                   f"({'fits' if fits else 'does not fit either'})")
+    return out
+
+
+def _node(hw: Hardware) -> str:
+    if hw.gpus_per_node > 1:
+        return f"{hw.gpus_per_node} GPUs per node on {hw.gpu_link.kind}"
+    return f"one GPU per node, nodes on {hw.network.kind}"
 
 
 # --- JSON ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from ghsim.graph.offload import OffloadSetup
 from ghsim.graph.offload import deepspeed_sub_group_ratio, resolve as resolve_offload
 from ghsim.graph.parallel import Layout, rank_shard, stage_params
 from ghsim.graph.states import RankStates, node_gpus, rank_states, shards_grads
-from ghsim.graph.step import param_counts
+from ghsim.graph.step import param_counts, partition_sizes
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import lora_targeted
 from ghsim.hardware import GB, Hardware
@@ -122,7 +122,9 @@ def _layer_saved(m: ModelSpec, plan: Plan, dt: Dtypes, T: int, ep: int = 1) -> t
         saved = 2 * (T * h * 4 + T * 4)  # both norms' fp32 normalised input and rstd
         if not (dt.autocast_casts or fp8 or peft):
             saved += 2 * T * h * rs  # the norms' outputs feed the projections directly
-        saved += T * (q + 2 * kv) * act + T * q * act  # rotated q, k; v; attention output
+        # rotated q, k; v (torchtitan's repeat_kv: k and v copied to every query head); attention output
+        kv_sdpa = q if plan.modeling == "torchtitan" else kv
+        saved += T * (q + 2 * kv_sdpa) * act + T * q * act
     if plan.recompute != Recompute.SELECTIVE:
         saved += plan.micro_batch * m.num_attention_heads * plan.seq * 4  # log-sum-exp
     saved += T * h * rs  # the attention residual's output
@@ -313,7 +315,7 @@ def memory_states(model: ModelSpec, hw: Hardware, plan: Plan) -> PlanStates:
     local = rank_shard(model, layout)
     chunk_layers = model.num_layers // layout.chunks
     # the optimizer split DeepSpeed ZeRO-3 runs (whole sub-groups), as simulate() prices it
-    setup = resolve_offload(deepspeed_sub_group_ratio(plan, param_counts(model, plan).trainable)[0])
+    setup = resolve_offload(deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))[0])
     on_gpu_optimizer = not setup.optimizer
     shard_opt = plan.dp if plan.zero >= 1 and plan.dp > 1 else 1
     stages = []

@@ -53,7 +53,6 @@ from ghsim.graph.offload.rewrite import BWD, FWD, New, Rewriter, Run, find_runs
 from ghsim.graph.offload.schedules import _activation_copies, _optimizer, _parameter_fetches, _run_sources
 from ghsim.graph.offload.setup import (
     BUCKET_LATENCY_SHARE,
-    DEEPSPEED_BUCKET_ELEMENTS,
     GradSource,
     OffloadSetup,
     RankHooks,
@@ -64,6 +63,7 @@ from ghsim.graph.offload.setup import (
     resolve,
     resolve_schedule,
     saved_bytes_for,
+    superoffload_whole_sub_groups,
 )
 from ghsim.graph.ops import Op, OpGraph
 from ghsim.graph.offload.save_on_cpu import _sync_loss_offload, save_on_cpu_layer, save_on_cpu_loss, sync_activation_offload
@@ -71,10 +71,11 @@ from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, Plan, Recompute
 
 __all__ = [  # the offload package's names, wherever they live
-    "BUCKET_LATENCY_SHARE", "BWD", "DEEPSPEED_BUCKET_ELEMENTS", "FWD", "GradSource", "New", "OffloadSetup",
+    "BUCKET_LATENCY_SHARE", "BWD", "FWD", "GradSource", "New", "OffloadSetup",
     "RankHooks", "Rewriter", "Run", "StepFacts", "Widths", "apply_offload_mapped", "check_offload", "copy_op",
     "cpu_adam", "cpu_bytes", "deepspeed_sub_group_ratio", "find_runs", "gpu_cast", "resolve", "resolve_schedule",
-    "save_on_cpu_layer", "save_on_cpu_loss", "saved_bytes_for", "sync_activation_offload",
+    "save_on_cpu_layer", "save_on_cpu_loss", "saved_bytes_for", "superoffload_whole_sub_groups",
+    "sync_activation_offload",
 ]
 
 

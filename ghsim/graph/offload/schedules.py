@@ -10,7 +10,7 @@ from ghsim.graph import ops as K
 from ghsim.graph.deepspeed_optimizer import offload_grad_checks
 from ghsim.graph.offload.ops import _gpu_adam, _marker, blocking_cast, copy_op, cpu_adam, cpu_bytes, gpu_cast
 from ghsim.graph.offload.rewrite import BWD, FWD, New
-from ghsim.graph.offload.setup import DEEPSPEED_BUCKET_ELEMENTS, GradSource, OffloadSetup, Widths
+from ghsim.graph.offload.setup import GradSource, OffloadSetup, Widths
 from ghsim.graph.ops import Op, OpGraph, Phase, Resource
 from ghsim.plan import CpuOptimizer, OffloadSchedule
 
@@ -82,7 +82,7 @@ def _bucket_count(nbytes: float, setup: OffloadSetup, link_bucket: float) -> int
     if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
         bucket = link_bucket
     elif setup.schedule == OffloadSchedule.OVERLAPPED:
-        bucket = DEEPSPEED_BUCKET_ELEMENTS * 2
+        bucket = setup.bucket_elements * 2
     else:
         return 1
     return max(1, math.ceil(nbytes / bucket))
@@ -187,6 +187,10 @@ def _grads_to_host(rw, sources, on_cpu, setup, new, widths: Widths, duplex_bwd, 
         if src.held > 0:  # the GPU gradient is freed once it has left
             d2h = d2h.with_hbm("grads", -src.held)
         last = rw.insert_after(at, new(d2h, deps, layer, mb))
+        if setup.gpu_grad_handoff:  # DeepSpeed 0.18: the worker copies the handed-over GPU gradient itself
+            worker = _shared(alike, ("grads.d2h.worker", params), lambda: copy_op(
+                "grads.d2h.worker", K.D2H, params * 4, BWD, setup, _D2H, 1, duplex_bwd))
+            last = rw.insert_after(at, new(worker, [last], layer, mb))
         if widths.grad_cpu_cast:
             cast = _shared(alike, ("grads.cast_fp32.cpu", params),
                            lambda: cpu_bytes("grads.cast_fp32.cpu", params * 6, BWD, False))
@@ -211,7 +215,8 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
     main_thread = setup.schedule != OffloadSchedule.SUPEROFFLOAD  # else its CPU-Adam runs in a worker process
     returns = not setup.params  # else the next step fetches the updated parameters
     barrier = [a for a, _, _ in arrivals]  # ZeRO-Offload: the global gradient norm needs all of them
-    prev = _host_clip(rw, arrivals, setup, new, last_mb, alike) if setup.grad_clip and not superoffload else None
+    clips = (setup.grad_clip or setup.host_unscale) and not superoffload
+    prev = _host_clip(rw, arrivals, setup, new, last_mb, alike) if clips else None
     later: list[New] = []
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
@@ -247,6 +252,14 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
         else:
             for n in chain:  # tile by tile: each layer's copy leaves while the CPU updates the next
                 rw.append(n)
+    if setup.rollback_clip:
+        passes = [(name, lambda p, name=name: cpu_adam(name, p, setup, True, tensors))
+                  for name in ("cpu_adamw.rollback", "cpu_adamw.redo")]
+        passes.insert(1, ("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
+        _in_turn(rw, arrivals, barrier, passes, new, last_mb, alike)  # after the speculative steps, in order
+    if setup.host_unscale and superoffload:  # 0.18's step scales the CPU sub-groups' gradients after backward
+        unscale = [("grads.unscale.cpu", lambda p: cpu_bytes("grads.unscale.cpu", p * 8, OPT, True))]
+        _in_turn(rw, arrivals, barrier, unscale, new, last_mb, alike)
     for n in later:
         rw.append(n)
 

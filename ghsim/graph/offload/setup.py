@@ -4,18 +4,14 @@ become ready, and what crosses the link (Widths, decided by cost/offload_policy.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ghsim.errors import GhsimError
-from ghsim.graph.deepspeed_optimizer import SUB_GROUP_PARAMS
 from ghsim.graph.ops import Resource
 from ghsim.graph.optimizer import resolve_cpu_optimizer
-from ghsim.plan import CpuOptimizer, Framework, OffloadSchedule, Plan, Recompute
+from ghsim.plan import DEEPSPEED_REDUCE_BUCKET, DEEPSPEED_SUB_GROUP, CpuOptimizer, Framework, OffloadSchedule, Plan, Recompute
 
-# DeepSpeed's default reduce_bucket_size: 5e8 elements per gradient bucket
-# (deepspeed/runtime/zero/config.py, ZeroConfig.reduce_bucket_size).
-DEEPSPEED_BUCKET_ELEMENTS = 5e8
 # SuperOffload sizes buckets to saturate the link: large enough that the per-copy
 # latency costs at most this share of a bucket's transfer time.
 BUCKET_LATENCY_SHARE = 0.05
@@ -51,6 +47,15 @@ class OffloadSetup:
     # gradient clipping DeepSpeed 0.19 does not (superoffload_stage3.py partition_grads: "not
     # self.clip_grad"), and _step_with_clipping steps sub-group by sub-group after backward
     speculative: bool = False
+    # DeepSpeed 0.18's SuperOffload with clipping: the speculative steps run during backward as
+    # without it; once the global norm is known, _handle_gradient_clipping rolls each CPU sub-group's
+    # step back, clips its gradient and steps it again, waiting for the worker each time
+    # (superoffload_stage3.py v0.18.3 _sync_cpu_optimizer_step)
+    rollback_clip: bool = False
+    # DeepSpeed stage 3 scales every fp32 gradient partition by 1 / (loss scale x clip factor) in its
+    # step, sub-group by sub-group, clipping or not (stage3.py unscale_and_clip_grads: grad.mul_,
+    # also from 0.18's SuperOffload step): with the optimizer offloaded, a host pass over the gradients
+    host_unscale: bool = False
     grad_clip: bool = False
     # FSDP2's CPUOffloadPolicy: each layer's parameters come up on the compute stream (its trace:
     # every Pinned -> Device copy on the kernels' stream), so they never overlap the layer's kernels
@@ -62,6 +67,16 @@ class OffloadSetup:
     grad_round_trip: bool = False
     # the host buffers were allocated pinned (pin_memory), whatever later made copies pageable
     host_pinned_blocks: bool = True
+    # DeepSpeed's reduce_bucket_size and sub_group_size (elements): its gradient buckets, and the
+    # sub-groups ZeRO-3 offloads and steps (per GPU)
+    bucket_elements: float = DEEPSPEED_REDUCE_BUCKET
+    sub_group: float = DEEPSPEED_SUB_GROUP
+    # DeepSpeed 0.18's SuperOffload (superoffload_stage3.py partition_grads) hands each CPU sub-group's
+    # fp32 gradient to its worker process as the CUDA tensor it cast it into (async_step(...,
+    # concatenated_buffer.data)): torch shares it over CUDA IPC and keeps the block allocated until the
+    # worker has dropped it (torch.multiprocessing, "Sharing CUDA tensors"), so one sub-group's fp32
+    # gradient stays on the GPU from one hand-over to the next; 0.19 hands over the pinned host copy
+    gpu_grad_handoff: bool = False
 
     @property
     def any(self) -> bool:
@@ -87,6 +102,13 @@ def resolve_schedule(plan: Plan) -> OffloadSchedule:
     return plan.offload_schedule
 
 
+def superoffload_whole_sub_groups(plan: Plan) -> bool:
+    """DeepSpeed 0.18's SuperOffload (ZeRO-3): gradients reduced a whole sub-group at a time, each CPU
+    sub-group's fp32 gradient handed to the worker on the GPU (OffloadSetup.gpu_grad_handoff)."""
+    return (plan.framework == Framework.DEEPSPEED and plan.zero == 3 and plan.deepspeed_version == "0.18"
+            and resolve_schedule(plan) == OffloadSchedule.SUPEROFFLOAD and "optimizer" in plan.offload)
+
+
 def resolve(plan: Plan) -> OffloadSetup:
     schedule = resolve_schedule(plan)
     params = "params" in plan.offload
@@ -94,7 +116,9 @@ def resolve(plan: Plan) -> OffloadSetup:
     # where their fp32 masters live (ZeRO-Infinity, FSDP CPUOffload): both imply the rest.
     optimizer = "optimizer" in plan.offload or "grads" in plan.offload or params
     zero_offload = schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero <= 2
-    clipped_superoffload = schedule == OffloadSchedule.SUPEROFFLOAD and plan.grad_clip and not params
+    v018 = superoffload_whole_sub_groups(plan)
+    # 0.19's clipped SuperOffload (0.18 steps speculatively and rolls back instead: rollback_clip)
+    clipped_superoffload = schedule == OffloadSchedule.SUPEROFFLOAD and plan.grad_clip and not params and not v018
     return OffloadSetup(
         schedule=schedule,
         optimizer=optimizer,
@@ -112,30 +136,51 @@ def resolve(plan: Plan) -> OffloadSetup:
         grads_on_compute_stream=zero_offload or clipped_superoffload,
         pageable_param_return=(schedule == OffloadSchedule.OVERLAPPED and not params and plan.zero == 3)
         or clipped_superoffload,
-        speculative=schedule == OffloadSchedule.SUPEROFFLOAD and not plan.grad_clip,
+        speculative=schedule == OffloadSchedule.SUPEROFFLOAD and (not plan.grad_clip or v018),
+        rollback_clip=v018 and plan.grad_clip and not params,
+        host_unscale=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
+        and (schedule == OffloadSchedule.OVERLAPPED or v018),
         grad_clip=plan.grad_clip,
         params_on_compute_stream=params and plan.fsdp2,
+        # (0.18's SuperOffload has its own partition_grads, without the round trip)
         grad_round_trip=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
-        and schedule != OffloadSchedule.SYNC,
+        and schedule != OffloadSchedule.SYNC and not superoffload_whole_sub_groups(plan),
         host_pinned_blocks=plan.offload_pinned,
+        bucket_elements=plan.reduce_bucket_size,
+        sub_group=plan.sub_group_size,
+        gpu_grad_handoff=superoffload_whole_sub_groups(plan) and not params and plan.offload_ratio > 0,
     )
 
 
-def deepspeed_sub_group_ratio(plan: Plan, trainable: float) -> tuple[Plan, str | None]:
+def sub_group_count(tensors: list[int], size: float) -> int:
+    """DeepSpeed ZeRO-3's sub-groups of one rank's parameter partitions (`tensors`, elements each, in
+    the model's order): stage3.py _create_fp16_sub_groups closes a sub-group once it holds at least
+    `size` elements, the last one at the last parameter."""
+    groups, held = 0, 0
+    for n in tensors:
+        held += n
+        if held >= size:
+            groups, held = groups + 1, 0
+    return max(1, groups + (1 if held else 0))
+
+
+def deepspeed_sub_group_ratio(plan: Plan, tensors: Callable[[], list[int]] | list[int]) -> tuple[Plan, str | None]:
     """The plan with the offload_ratio DeepSpeed ZeRO-3 really runs, and a note when it differs.
     Stage 3 splits the optimizer by whole sub-groups of sub_group_size parameters (default 1e9):
-    the first int((1 - ratio) x sub-groups) stay on the GPU (stage3.py subgroup_to_device), so a
-    3B model's 4 sub-groups at ratio 0.9 all go to the CPU."""
+    the first int((1 - ratio) x sub-groups) stay on the GPU (stage3.py subgroup_to_device, in float
+    arithmetic: 0.8 of 5 sub-groups keeps int(0.19999999999999996 x 5) = 0), so a 3B model's 4
+    sub-groups at ratio 0.9 all go to the CPU. `tensors`: the rank's parameter partitions in the
+    model's order (graph/step.partition_sizes), or a function giving them (called only when needed:
+    the plan search asks this of every plan)."""
     if not (plan.framework == Framework.DEEPSPEED and plan.zero == 3 and plan.offload_ratio < 1
             and "optimizer" in plan.offload):
         return plan, None
-    shard = plan.dp if plan.zero >= 1 else 1
-    groups = max(1, math.ceil(trainable / shard / SUB_GROUP_PARAMS))
+    groups = sub_group_count(tensors() if callable(tensors) else tensors, plan.sub_group_size)
     ratio = 1 - int((1 - plan.offload_ratio) * groups) / groups
     if abs(ratio - plan.offload_ratio) < 1e-9:
         return plan, None
     return plan.with_(offload_ratio=ratio), (
-        f"DeepSpeed ZeRO-3 offloads whole sub-groups ({groups} of up to {SUB_GROUP_PARAMS:.0e} parameters per GPU): "
+        f"DeepSpeed ZeRO-3 offloads whole sub-groups ({groups} of about {plan.sub_group_size:.0e} parameters per GPU): "
         f"offload ratio {plan.offload_ratio:g} runs as {ratio:g}")
 
 

@@ -8,6 +8,10 @@ as the blog does; configs/deepspeed/stage_*.json; src/train.py and src/model.py 
 Step time = 4 GPUs x 2048 tokens / tokens per second. ../steiger2025-eth-gh200-deepspeed.toml has the
 published table itself; this folder makes its rows runnable cases.
 
+The model is torchtitan's Llama code (src/model.py: repeat_kv copies k and v to every head before SDPA),
+hence `modeling = "torchtitan"`; the runs' DeepSpeed is the pip release of the image build (the logs of
+2025-12-17 print DeepSpeed 0.18 behaviour: SuperOffload's whole-sub-group reduction), `deepspeed_version = "0.18"`.
+
 Run from the repository root: python validation/published/steiger2025-eth-gh200/make_cases.py
 """
 
@@ -18,8 +22,12 @@ from pathlib import Path
 COMMIT = "0202e4161e63ad9c6f8cfd063c1101681dc17c57"
 TOKENS_PER_STEP = 4 * 2048
 
-ZERO_OFFLOAD = 'offload = ["optimizer"]\noffload_schedule = "overlapped"\n'
-SUPER_OFFLOAD = 'offload = ["optimizer"]\noffload_schedule = "superoffload"\noffload_ratio = 0.8\n'
+# configs/deepspeed/stage_zerooffload.json / stage_superoffload.json: reduce_bucket_size and sub_group_size 4e8
+# (stage_1/2/3.json leave both at DeepSpeed's defaults); SuperOffload's cpuadam_cores_perc 0.90
+BUCKETS = "reduce_bucket_size = 4e8\nsub_group_size = 4e8\n"
+ZERO_OFFLOAD = 'offload = ["optimizer"]\noffload_schedule = "overlapped"\n' + BUCKETS
+SUPER_OFFLOAD = ('offload = ["optimizer"]\noffload_schedule = "superoffload"\noffload_ratio = 0.8\n'
+                 'cpu_cores_share = 0.9\n' + BUCKETS)
 CLIP = "grad_clip = true\n"  # the config's "gradient_clipping": 1.0 (0.0 in the plain offload configs)
 
 # (name, log, zero, plan lines, mean tokens/s over steps >= 6 from the log, peak VRAM GB, where the peak is from)
@@ -79,6 +87,8 @@ global_batch = 4
 seq = 2048
 {plan_lines}optimizer_impl = "fused"
 framework = "deepspeed"
+deepspeed_version = "0.18"
+modeling = "torchtitan"
 
 [measured]
 step_time_s = {TOKENS_PER_STEP / tokens_per_s:.6f}
