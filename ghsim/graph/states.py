@@ -249,6 +249,18 @@ def fp8_weight_cache(plan: Plan, dp: int, stage: StageParams) -> float:
     return per_weight * stage.params * stage.layer_share
 
 
+def fsdp_root_params(plan: Plan, stage: StageParams) -> float:
+    """FSDP's root unit (what no decoder-layer unit wraps: embedding, final norm, LM head) keeps
+    its gathered working-precision parameters from its forward to the end of backward: FSDP2's
+    fully_shard leaves the root unresharded after forward ("its parameters would typically be
+    immediately all-gathered for backward", torch/distributed/fsdp/_fully_shard/_fully_shard.py),
+    FSDP1 skips the root in _post_forward_reshard (_runtime_utils.py). ghsim gathers (or, offloaded,
+    fetches) only the decoder layers per use, so a ZeRO-3 FSDP rank holds these besides."""
+    if plan.framework != Framework.FSDP_MIXED or plan.zero < 3:
+        return 0.0
+    return Dtypes.of(plan).param * stage.params * (1.0 - stage.layer_share)
+
+
 def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> RankStates:
     """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state and
     `setup` (the plan's offload, resolved once by the caller) moving part of it to the host."""
@@ -261,6 +273,9 @@ def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) ->
     cache = fp8_weight_cache(plan, dp, stage)
     if cache:
         hbm["fp8_weight_cache"] = cache
+    root = fsdp_root_params(plan, stage)
+    if root:
+        hbm["fsdp_root_params"] = root
     return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params, stage.pinned_tensor_blocks))
 
 
