@@ -178,21 +178,23 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
     its flat fp32 gradient and a flat 16-bit copy of the partition, each one pinned block; stage 3
     (stage3.py) pageable fp32 masters, fp32 gradients pinned per sub-group and the 16-bit gradient
     partition as one pinned block (SuperOffload: plus the gradients' shared-memory copies and its
-    worker's pinned buffer). Plain PyTorch and FSDP pin each tensor's fp32 master and
+    worker's pinned buffer; with offload_param also the 16-bit parameter partition, flat and per
+    parameter). Plain PyTorch and FSDP pin each tensor's fp32 master and
     gradient on its own (`tensor_blocks`: StageParams.pinned_tensor_blocks). The AdamW moments are
-    pageable."""
+    pageable. Pinned pages count once, in the process that pins them (host_memory.json: CUDA's
+    pinned memory shows as RssShmem)."""
     out: dict[str, float] = {}
+    block = pinned_block if setup.host_pinned_blocks else float
     if setup.optimizer and setup.cpu_share > 0:
         p = setup.cpu_share * trainable / setup.shard
         out["master_params"] = 4 * p
         out["optimizer_states"] = ADAMW_MOMENTS * p
         out["grads"] = 4 * p  # fp32 gradients the CPU optimizer reads
-        block = pinned_block if setup.host_pinned_blocks else float
         if setup.serial_grad_copies:
             out.update(master_params=block(4 * p), grads=block(4 * p), param_copy16=block(2 * p))
         elif setup.schedule == OffloadSchedule.SYNC and setup.host_pinned_blocks:
             out.update(master_params=4 * p * tensor_blocks, grads=4 * p * tensor_blocks)
-        elif setup.grad_round_trip and not setup.params:
+        elif setup.grad_round_trip:  # with offload_param too (stage3.py allocates both either way)
             full, rest = divmod(p, SUB_GROUP_PARAMS)
             out.update(grads=int(full) * block(4 * SUB_GROUP_PARAMS) + block(4 * rest), grad_partition16=block(2 * p))
             if setup.schedule == OffloadSchedule.SUPEROFFLOAD:
@@ -205,8 +207,15 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
         frozen = total - trainable
         if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
             out["frozen_params"] = 4 * frozen / setup.shard
-        else:  # ZeRO-Infinity keeps bf16 working copies on the host, next to the fp32 masters
-            out["offloaded_params"] = 2 * total / setup.shard
+        else:
+            # ZeRO-Infinity keeps the 16-bit partition on the host, next to the fp32 masters, in one
+            # flat buffer (stage3.py _create_param_groups_fp16_flat_cpu_memory); zero.Init first gave
+            # each parameter its own partition there (partition_parameters.py _partition_param,
+            # pinned with offload_param.pin_memory), and those stay allocated after the copy into the
+            # flat buffer (host_memory.json ds_pinned_z3_offparam: every one in torch's pinned total)
+            p16 = 2 * total / setup.shard
+            out["offloaded_params"] = block(p16)
+            out["init_param_partitions"] = p16 * (tensor_blocks if setup.host_pinned_blocks else 1.0)
     return {k: v for k, v in out.items() if v > 0}
 
 
