@@ -19,6 +19,11 @@ what each piece of an offload run holds in host memory, each in a fresh process,
   allocator statistics, VmHWM and the HBM peak.
 
     python3 validation/harness/libraries/host_memory.py --out $OUT/host_memory.json [--only a,b]
+
+Ran once, 2026-11-27, lent nvidia-h100-x1 (16 vCPUs, torch 2.11.0+cu130, DeepSpeed 0.19.8 pure-Python
+wheel with DeepSpeedCPUAdam JIT-built first), as committed in d97081a; the last child
+(ds_engine_z3_superoffload) did not finish inside the call's limit. Its /proc reader is since
+lib_step.proc_status (the same reads).
 """
 from __future__ import annotations
 
@@ -30,21 +35,15 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib_step import proc_status  # noqa: E402 (the same folder)
+
 FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem", "VmPin", "VmLck")
 UNIFORM = [16 * 2 ** 20] * 16
 
 
 def status(pid="self"):
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in FIELDS:
-                    out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
+    return proc_status(pid, FIELDS)
 
 
 def meminfo():
@@ -70,7 +69,6 @@ def reset_hwm(pid="self"):
 # --- children ---------------------------------------------------------------------------------
 def adam_temps(impl, list_name):
     import torch
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from offload_calibration import llama_shapes
     sizes = UNIFORM if list_name == "uniform16M" else llama_shapes("1b")
     params = []
