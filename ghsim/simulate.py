@@ -42,7 +42,7 @@ from ghsim.cost.calibration import Calibration, load_calibration
 from ghsim.cost import measured_blocks
 from ghsim.cost.compute import CostModel
 from ghsim.cost.hostlink import HostSide
-from ghsim.cost.library_overheads import training_process_host_bytes
+from ghsim.cost.library_overheads import superoffload_worker_host_bytes, training_process_host_bytes
 from ghsim.cost.links import NCCL_CTAS, Fabric
 from ghsim.cost.offload_policy import transfer_widths
 from ghsim.errors import GhsimError
@@ -604,7 +604,12 @@ def _stage_memory(model: ModelSpec, plan: Plan, layout: Layout, d: int, finals_b
         host_static["pipeline_offloaded_activations"] = host_extra
     if host_static or any(op.host_alloc for op in worst.graph.ops):
         # what is offloaded sits in a process that holds memory of its own, as top shows it
-        host_static["training_process"] = training_process_host_bytes()
+        # DeepSpeed's engine runs the overlapped schedules (ZeRO-Offload, ZeRO-Infinity, SuperOffload);
+        # a plain loop (sync) with DeepSpeed-style masters does not load it
+        engine = plan.framework == Framework.DEEPSPEED and setup.schedule != OffloadSchedule.SYNC
+        host_static["training_process"] = training_process_host_bytes(deepspeed=engine)
+        if setup.schedule == OffloadSchedule.SUPEROFFLOAD:  # each rank's CPU-Adam worker is a process too
+            host_static["superoffload_worker_process"] = superoffload_worker_host_bytes()
     host = per_node(host_peak(worst.graph.ops, host_static), node_gpus)
     return worst_peak, host
 

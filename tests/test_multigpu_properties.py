@@ -8,9 +8,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ghsim.graph.dtypes import Dtypes
 from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec
-from ghsim.plan import Framework, Plan, Precision, Recompute
+from ghsim.plan import DEEPSPEED_REDUCE_BUCKET, Framework, Plan, Precision, Recompute
 from ghsim.sim import engine
 from ghsim.simulate import simulate
 from synthetic import synthetic_calibration
@@ -40,7 +41,10 @@ def hbm(**plan) -> float:
        rc=recomputes, prec=precisions, seq=seqs)
 def test_higher_zero_stage_never_raises_memory(zero, dp, tp, fw, rc, prec, seq):
     base = dict(gpus=dp * tp, tp=tp, framework=fw, recompute=rc, precision=prec, seq=seq)
-    assert hbm(**base, zero=zero + 1) <= hbm(**base, zero=zero) * (1 + 1e-12)
+    # except by DeepSpeed's reduce bucket, which its ZeRO stages allocate whole however small the
+    # model (graph/states.comm_buckets): TINY's gradients are smaller than it
+    bucket = DEEPSPEED_REDUCE_BUCKET * Dtypes.of(Plan(**base)).grad if fw == Framework.DEEPSPEED and zero == 0 else 0
+    assert hbm(**base, zero=zero + 1) <= hbm(**base, zero=zero) * (1 + 1e-12) + bucket
 
 
 @SETTINGS

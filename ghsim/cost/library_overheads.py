@@ -65,7 +65,14 @@ def superoffload_worker_pace() -> tuple[float, float]:
             _figure("deepspeed_superoffload", "handoff_s_per_sub_group"))
 
 
-def training_process_host_bytes() -> float:
+def training_process_host_bytes(deepspeed: bool = False) -> float:
     """Host memory the training process holds of its own (torch, the CUDA context, cuBLAS and
-    cuDNN, transformers), measured on an x86 host; assumed the same elsewhere."""
-    return _figure("training_process", "host_bytes")
+    cuDNN, transformers; `deepspeed`: and DeepSpeed's engine), measured on an x86 host; assumed
+    the same elsewhere."""
+    return _figure("training_process", "deepspeed_host_bytes" if deepspeed else "host_bytes")
+
+
+def superoffload_worker_host_bytes() -> float:
+    """Host memory DeepSpeed SuperOffload's spawned CPU-Adam worker holds of its own (its torch,
+    DeepSpeed and CUDA context), besides its moments and gradient buffer (graph/states.py)."""
+    return _figure("deepspeed_superoffload", "worker_process_host_bytes")

@@ -136,7 +136,8 @@ class Op(NamedTuple):
     hbm_transient: float = 0.0  # workspace alive only during the op
     host_alloc: float = 0.0
     host_free: float = 0.0
-    mem_tag: str = ""  # what a host/offload allocation is
+    host_transient: float = 0.0  # host memory alive only during the op (a CPU op's temporaries)
+    mem_tag: str = ""  # what a host/offload allocation or transient is
     hbm_by_tag: dict[str, float] | None = None  # net HBM change by breakdown category
     phase: str = Phase.NONE  # a Phase (pipeline-schedule ops: a graph.pipeline.PipelineSegment)
 

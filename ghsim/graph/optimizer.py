@@ -27,6 +27,31 @@ def resolve_cpu_optimizer(plan: Plan) -> CpuOptimizer:
         return CpuOptimizer.DEEPSPEED
     return CpuOptimizer.TORCH_FORLOOP
 
+def cpu_adamw_temporaries(impl: CpuOptimizer, params: float, largest_tensor: float) -> float:
+    """Host bytes the CPU AdamW allocates while it steps `params` fp32 parameters whose largest
+    tensor has `largest_tensor` elements (torch 2.11 torch/optim/adam.py, which AdamW runs with
+    decoupled weight decay; every other update is in place):
+
+    - foreach (_multi_tensor_adam): `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`
+      over the whole (device, dtype) group at once, then `_foreach_div_` / `_foreach_add_` on it:
+      one fp32 copy of the second moments, 4 B per parameter;
+    - for-loop (_single_tensor_adam): `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`
+      per tensor: the square root and the quotient exist together, two fp32 copies of one tensor;
+      the previous tensor's `denom` is still bound meanwhile, a third copy where equally large
+      tensors follow each other; in a Hugging Face model the largest (the embedding) comes first;
+    - fused (torch._fused_adamw_) and DeepSpeedCPUAdam (one C++ pass per element): none.
+
+    Measured (validation/measured_libraries/_raw/host_memory.json adam_*, a step's peak over its
+    states): foreach 5.612 GB for 1.40e9 parameters (4 B each: 5.614), for-loop 2.100 GB on a list
+    led by a 2.63e8-element tensor (2 copies: 2.101) and 0.200 GB on 16 x 16.8M (3 copies), fused 0.
+    The step holds them once, whatever pieces ghsim prices it in: `params` is the whole step's."""
+    if impl == CpuOptimizer.TORCH_FOREACH:
+        return 4.0 * params
+    if impl == CpuOptimizer.TORCH_FORLOOP:
+        return 2 * 4.0 * largest_tensor
+    return 0.0
+
+
 # torch.optim.AdamW(foreach=True) makes this many _foreach_ calls per step, one
 # launch each when all tensors fit one launch: measured, validation/microbench/
 # h100-overhead.json framework_overhead (opt_launches = 8 for 39 tensors).

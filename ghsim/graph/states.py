@@ -177,21 +177,23 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
     its flat fp32 gradient and a flat 16-bit copy of the partition, each one pinned block; stage 3
     (stage3.py) pageable fp32 masters, fp32 gradients pinned per sub-group and the 16-bit gradient
     partition as one pinned block (SuperOffload: plus the gradients' shared-memory copies and its
-    worker's pinned buffer). Plain PyTorch and FSDP pin each tensor's fp32 master and
+    worker's pinned buffer; with offload_param also the 16-bit parameter partition, flat and per
+    parameter). Plain PyTorch and FSDP pin each tensor's fp32 master and
     gradient on its own (`tensor_blocks`: StageParams.pinned_tensor_blocks). The AdamW moments are
-    pageable."""
+    pageable. Pinned pages count once, in the process that pins them (host_memory.json: CUDA's
+    pinned memory shows as RssShmem)."""
     out: dict[str, float] = {}
+    block = pinned_block if setup.host_pinned_blocks else float
     if setup.optimizer and setup.cpu_share > 0:
         p = setup.cpu_share * trainable / setup.shard
         out["master_params"] = 4 * p
         out["optimizer_states"] = ADAMW_MOMENTS * p
         out["grads"] = 4 * p  # fp32 gradients the CPU optimizer reads
-        block = pinned_block if setup.host_pinned_blocks else float
         if setup.serial_grad_copies:
             out.update(master_params=block(4 * p), grads=block(4 * p), param_copy16=block(2 * p))
         elif setup.schedule == OffloadSchedule.SYNC and setup.host_pinned_blocks:
             out.update(master_params=4 * p * tensor_blocks, grads=4 * p * tensor_blocks)
-        elif setup.grad_round_trip and not setup.params:
+        elif setup.grad_round_trip:  # with offload_param too (stage3.py allocates both either way)
             full, rest = divmod(p, setup.sub_group)
             out.update(grads=int(full) * block(4 * setup.sub_group) + block(4 * rest), grad_partition16=block(2 * p))
             if setup.schedule == OffloadSchedule.SUPEROFFLOAD and not setup.gpu_grad_handoff:
@@ -206,8 +208,15 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
         frozen = total - trainable
         if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
             out["frozen_params"] = 4 * frozen / setup.shard
-        else:  # ZeRO-Infinity keeps bf16 working copies on the host, next to the fp32 masters
-            out["offloaded_params"] = 2 * total / setup.shard
+        else:
+            # ZeRO-Infinity keeps the 16-bit partition on the host, next to the fp32 masters, in one
+            # flat buffer (stage3.py _create_param_groups_fp16_flat_cpu_memory); zero.Init first gave
+            # each parameter its own partition there (partition_parameters.py _partition_param,
+            # pinned with offload_param.pin_memory), and those stay allocated after the copy into the
+            # flat buffer (host_memory.json ds_pinned_z3_offparam: every one in torch's pinned total)
+            p16 = 2 * total / setup.shard
+            out["offloaded_params"] = block(p16)
+            out["init_param_partitions"] = p16 * (tensor_blocks if setup.host_pinned_blocks else 1.0)
     return {k: v for k, v in out.items() if v > 0}
 
 
@@ -234,8 +243,10 @@ def comm_buckets(plan: Plan, dp: int, trainable: float) -> float:
     if plan.zero >= 1 and plan.framework == Framework.DEEPSPEED:
         # DeepSpeed's flat reduce bucket (reduce_bucket_size elements; ZeRO-3: stage3.py's ipg buffer),
         # allocated with contiguous_gradients (the default) on one GPU too: the measured offload
-        # cases' HBM peaks are that 1.0 GB above the states (validation/measured_libraries)
-        return min(plan.reduce_bucket_size * Dtypes.of(plan).grad, grads)
+        # cases' HBM peaks are that 1.0 GB above the states (validation/measured_libraries). Its full
+        # size however small the model (_raw/host_memory.json: 1.000 GB allocated right after ZeRO-3's
+        # initialize for 2.5e8 parameters; ZeRO-2's peak 1.10 GB for a 1.4e6-parameter model)
+        return plan.reduce_bucket_size * Dtypes.of(plan).grad
     return 0.0
 
 
@@ -259,6 +270,19 @@ def fp8_weight_cache(plan: Plan, dp: int, stage: StageParams) -> float:
     return per_weight * stage.params * stage.layer_share
 
 
+def fsdp_root_params(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> float:
+    """FSDP's root unit (what no decoder-layer unit wraps: embedding, final norm, LM head) keeps
+    its working-precision parameters on the GPU from its forward to the end of backward: FSDP2's
+    fully_shard leaves the root unresharded after forward ("its parameters would typically be
+    immediately all-gathered for backward", torch/distributed/fsdp/_fully_shard/_fully_shard.py),
+    FSDP1 skips the root in _post_forward_reshard (_runtime_utils.py). With dp > 1 the graph's root
+    all-gather holds them (graph/parallel.py); on one GPU under CPUOffloadPolicy nothing is gathered,
+    but the root's parameters are copied up from the host all the same and held, which this counts."""
+    if plan.framework != Framework.FSDP_MIXED or plan.zero < 3 or dp > 1 or not setup.params:
+        return 0.0
+    return Dtypes.of(plan).param * stage.params * (1.0 - stage.layer_share)
+
+
 def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) -> RankStates:
     """What one GPU of a stage holds where, with `dp` data-parallel ranks sharding its state and
     `setup` (the plan's offload, resolved once by the caller) moving part of it to the host."""
@@ -274,6 +298,9 @@ def rank_states(plan: Plan, dp: int, stage: StageParams, setup: OffloadSetup) ->
     cache = fp8_weight_cache(plan, dp, stage)
     if cache:
         hbm["fp8_weight_cache"] = cache
+    root = fsdp_root_params(plan, dp, stage, setup)
+    if root:
+        hbm["fsdp_root_params"] = root
     return RankStates(hbm, host_static_bytes(setup, stage.trainable, stage.params, stage.pinned_tensor_blocks))
 
 

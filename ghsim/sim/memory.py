@@ -66,16 +66,23 @@ def hbm_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
 
 
 def host_peak(ops: list[Op], static: dict[str, float]) -> TierPeak:
+    """Host memory after each op, from what is held all step (`static`), and its peak: an op's
+    allocations, then its temporaries (`host_transient`) while it runs."""
     ds, rows = distinct(ops)
-    delta = np.array([o.host_alloc - o.host_free for o in ds], float)[rows]
+    effects = np.array([(o.host_alloc - o.host_free, o.host_transient) for o in ds], float).reshape(-1, 2)[rows]
+    delta, transient = effects.T
     base = sum(static.values())
     after = base + np.cumsum(delta)
-    if len(ops) == 0 or after.max(initial=base) <= base:
+    during = after + transient
+    if len(ops) == 0 or during.max(initial=base) <= base:
         return TierPeak(base, -1, {k: v for k, v in static.items() if v}, after)
-    i = int(after.argmax())
+    i = int(during.argmax())
     breakdown = dict(static)
     moves = np.array([bool(o.host_alloc or o.host_free) for o in ds], bool)[rows[: i + 1]]
     for op in map(ops.__getitem__, np.flatnonzero(moves).tolist()):  # in issue order
         tag = op.mem_tag or "host_buffers"
         breakdown[tag] = breakdown.get(tag, 0.0) + op.host_alloc - op.host_free
-    return TierPeak(float(after[i]), i, {k: v for k, v in breakdown.items() if abs(v) > 0.5}, after)
+    if transient[i]:
+        tag = ops[i].mem_tag or "host_temporaries"
+        breakdown[tag] = breakdown.get(tag, 0.0) + float(transient[i])
+    return TierPeak(float(during[i]), i, {k: v for k, v in breakdown.items() if abs(v) > 0.5}, after)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ghsim.graph import ops as K
 from ghsim.graph.offload.setup import OffloadSetup
 from ghsim.graph.ops import Category, Op, Phase, Resource
-from ghsim.graph.optimizer import gpu_adamw
+from ghsim.graph.optimizer import cpu_adamw_temporaries, gpu_adamw
 from ghsim.plan import Framework, Plan
 
 # bound once: the schedules build these ops per run and per gradient source (see graph/ops.py on member reads)
@@ -40,16 +40,21 @@ def cpu_bytes(name: str, nbytes: float, phase: str, host_waits: bool, foreach_no
 BLOCKING_CAST = "blocking_cast"
 
 
-def blocking_cast(name: str, params: float, phase: str) -> Op:
+def blocking_cast(name: str, params: float, phase: str, temporary: float = 0.0) -> Op:
+    """`temporary`: the host bytes of the fresh 16-bit tensor torch casts into while it runs."""
     return Op(name=name, category=K.CPU, kind=K.HOST_WORK, resource=_CPU, params=params, phase=phase, kernels=0,
-              host_waits=True, variant=BLOCKING_CAST)
+              host_waits=True, variant=BLOCKING_CAST, host_transient=temporary, mem_tag="cast_temporaries")
 
 
-def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool, tensors: tuple[int, ...] = ()) -> Op:
+def cpu_adam(name: str, params: float, setup: OffloadSetup, host_waits: bool, tensors: tuple[int, ...] = (),
+             step_params: float = 0.0) -> Op:
     """The CPU's AdamW over `params`; `tensors`: the model's tensor sizes it is priced over
-    ((elements, count) pairs, flattened: StepFacts.tensor_elements)."""
+    ((elements, count) pairs, flattened: StepFacts.tensor_elements). `step_params`: what the
+    whole optimizer step covers (default `params`), whose temporaries it holds while it runs."""
+    temporaries = cpu_adamw_temporaries(setup.cpu_impl, step_params or params, max(tensors[::2], default=0))
     return Op(name=name, category=K.CPU, kind=K.OPT_CPU, resource=_CPU, params=params, phase=_OPT,
-              variant=setup.cpu_impl, kernels=0, host_waits=host_waits, shape=tensors)
+              variant=setup.cpu_impl, kernels=0, host_waits=host_waits, shape=tensors,
+              host_transient=temporaries, mem_tag="optimizer_temporaries")
 
 
 def _marker(name: str, phase: str) -> Op:

@@ -218,14 +218,20 @@ def _host_steps(rw, arrivals, setup, new, widths: Widths, duplex_bwd, last_mb: i
     clips = (setup.grad_clip or setup.host_unscale) and not superoffload
     prev = _host_clip(rw, arrivals, setup, new, last_mb, alike) if clips else None
     later: list[New] = []
+    step_params = sum(params for _, params, _ in arrivals)
+    # DeepSpeed stage 3 copies each updated sub-group up whole (stage3.py
+    # _reassign_or_swap_out_partitioned_parameters: fp16_partitioned_groups_flat[i].data.copy_(fp32 flat));
+    # torch casts it on the CPU into a fresh 16-bit tensor first (host_memory.json cast_temp)
+    cast_temporary = 2.0 * min(step_params, setup.sub_group) if returns else 0.0
     for arrived, params, src in arrivals:
         deps = ([arrived] if superoffload else list(barrier)) + ([prev] if prev is not None else [])
-        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread, tensors))
+        adam = _shared(alike, ("cpu_adamw", params), lambda: cpu_adam("cpu_adamw", params, setup, main_thread, tensors,
+                                                                     step_params))
         chain = [new(adam, deps, src.layer, last_mb)]
         if widths.param_cpu_cast:
             # before DeepSpeed stage 3's blocking copy up, torch casts on the training thread
             cast = _shared(alike, ("params.cast_bf16.cpu", params), lambda: blocking_cast(
-                "params.cast_bf16.cpu", params, OPT) if setup.pageable_param_return else cpu_bytes(
+                "params.cast_bf16.cpu", params, OPT, cast_temporary) if setup.pageable_param_return else cpu_bytes(
                 "params.cast_bf16.cpu", params * 6, OPT, main_thread))
             chain.append(new(cast, [chain[-1]], src.layer, last_mb))
         prev = chain[-1]

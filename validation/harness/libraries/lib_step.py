@@ -38,13 +38,13 @@ MODELS = {
 }
 
 
-def proc_status(pid="self"):
+def proc_status(pid="self", fields=("VmHWM", "VmRSS", "VmLck", "VmPin")):
     out = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 k, _, v = line.partition(":")
-                if k in ("VmHWM", "VmRSS", "VmLck", "VmPin"):
+                if k in fields:
                     out[k] = int(v.split()[0]) * 1024
     except OSError:
         pass

@@ -5,10 +5,11 @@ validation/measured_libraries/README.md quotes (issue 14).
 """
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
-from ghsim.validate.cases import DEFAULT_TOLERANCES, load_case, run_case
+from ghsim.validate.cases import DEFAULT_TOLERANCES, case_model, load_case, run_case
 
 ROOT = Path(__file__).resolve().parents[2] / "measured_libraries"
 PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-", "h200-ds-", "h200-plain-")
@@ -22,11 +23,37 @@ RATIOS = [("ZeRO-3 offload / ZeRO-2 offload", "h100-ds-z3-offopt-llama3b-ckpt-mb
            "h100-plain-cpuadamw-fused-llama3b-ckpt-mb2-s2048")]
 
 
+def llama_tensors(model) -> list[int]:
+    """The parameters of a Hugging Face Llama in module order (model.parameters())."""
+    h, q, kv = model.hidden_size, model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    layer = [h * q, h * kv, h * kv, q * h] + [h * model.intermediate_size] * 3 + [h, h]
+    return [model.vocab_size * h] + layer * model.num_layers + [h] + ([] if model.tie_embeddings else [model.vocab_size * h])
+
+
+def largest_sub_group(tensors: list[int], sub_group_size: float) -> int:
+    """DeepSpeed ZeRO-3's largest sub-group: parameters in order until the group reaches
+    sub_group_size (superoffload_stage3.py _create_fp16_sub_groups)."""
+    largest = size = 0
+    for n in tensors:
+        size += n
+        if size >= sub_group_size:
+            largest, size = max(largest, size), 0
+    return max(largest, size)
+
+
 def host_peaks(result) -> tuple[float, float]:
-    """Measured host peak (the training process's VmHWM plus DeepSpeed's SuperOffload worker's)
-    and ghsim's (the offloaded state it places on the host; 0 without offload)."""
+    """Measured host peak and ghsim's (what its offload places on the host plus the processes'
+    own memory; 0 without offload). Measured: the training process's VmHWM, plus for SuperOffload
+    its CPU-Adam worker's VmHWM less the sub-group it maps while stepping it: the training process's
+    fp32 partition and gradient in shared memory, which both VmHWMs count (8 B per parameter:
+    _raw/host_memory.json superoffload, the worker's RssShmem above idle, 8.0 GB at 1e9)."""
     m = result.case.measured
-    measured = float(m.get("host_peak_rss_bytes", 0)) + float(m.get("host_peak_rss_children_bytes", 0))
+    measured = float(m.get("host_peak_rss_bytes", 0))
+    worker = float(m.get("host_peak_rss_children_bytes", 0))
+    if worker:
+        sub_group = json.loads((result.case.folder / "result.json").read_text())["ds_zero_config_effective"][
+            "sub_group_size"]
+        measured += worker - 8 * largest_sub_group(llama_tensors(case_model(result.case)), sub_group)
     return measured, result.predicted.get("host_peak_bytes", 0.0)
 
 
