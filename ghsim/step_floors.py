@@ -21,6 +21,7 @@ from ghsim.plan import Plan
 from ghsim.plan_build import PlanBuild
 from ghsim.simulate import (
     EXACT_MICROBATCHES,
+    MicrobatchRun,
     _pipeline_makespan,
     _send_time,
     chains_microbatches,
@@ -39,34 +40,55 @@ def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild,
 
     - the last micro-batch (final_chain_floor): each stage's compute stream runs, before the
       step's last forward of one of its chunks, every forward and backward 1F1B puts first;
-      from then on that chunk's last micro-batch lasts at least its busiest resource
-      (final_microbatch_floor: its graph built, not run). Checked first, with the forwards and
-      backwards at their template kernels' busy time; a plan over `bar` stops there;
+      from then on that chunk's last micro-batch lasts at least its template kernels, its CPU
+      AdamW (cpu_optimizer_floor) and, once its graph is built, its busiest resource
+      (final_microbatch_floor);
     - the micro-batches in the middle of the step, run at kernel level (0 without gradient
       accumulation): the pipeline schedule with the last micro-batch and the optimizer taking
-      no time, and the first bound again with the middle micro-batches at their run times.
+      no time.
 
-    The kinds of chunk are run one at a time, the commonest first; until all are, a stage's
-    compute stream running its known chunks' micro-batches one after another bounds the step,
-    and one over `bar` ends the search for a better bound. The graphs and runs are kept for
-    step_memory and simulate_prepared. More than `exact_up_to` micro-batches (a step
-    simulate_prepared extends by its steady-state period): the middle micro-batches only."""
+    Cheapest first, stopping as soon as one exceeds `bar`: the last micro-batch with nothing
+    built (the earlier ones at their template kernels); the middle micro-batches run (the
+    commonest kind of chunk first: a stage's compute stream over `bar` stops there), and the
+    first bound again with their run times; with offload, the last micro-batch's graph built.
+    What is built is kept for step_memory and simulate_prepared. More than `exact_up_to`
+    micro-batches (a step simulate_prepared extends by its steady-state period): the middle
+    micro-batches only."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     M = plan.grad_accum
-    floor, last = 0.0, None
-    if M <= exact_up_to and not chains_microbatches(layout, plan):
+    chained = M <= exact_up_to and not chains_microbatches(layout, plan)
+    floor, seconds = 0.0, None
+    if chained:  # the last micro-batch at its template kernels and its CPU AdamW: nothing built
         templates = {k: _stream_busy(plan, rank, k.layers, (k.first, k.last)) for k in set(kind_of)}
-        # the last micro-batch at its template kernels and its CPU AdamW first (nothing built), then built
         last = {k: max(sum(templates[k]), cpu_optimizer_floor(model, plan, rank, k)) for k in templates}
-        for built in (False, True):
-            if built:
-                busiest = final_microbatch_floor(model, hw, plan, rank)
-                last = {k: max(s, busiest[k]) for k, s in last.items()}
-            floor = final_chain_floor(plan, layout, kind_of, lambda k, final: templates[k], last)
-            if floor > bar:
-                return floor
-    if M < 2:
-        return floor
+        seconds = lambda k, final: templates[k]  # noqa: E731
+        floor = final_chain_floor(plan, layout, kind_of, seconds, last)
+        if floor > bar:
+            return floor
+    if M >= 2:
+        middle_floor, middle = _middle_floor(model, hw, plan, rank, layout, kind_of, bar)
+        floor = max(floor, middle_floor)
+        if floor > bar:
+            return floor
+        ran = {k: (r.times["t_fwd"], r.times["t_bwd"] - r.times["t_fwd"]) for k, r in middle.items()}
+        if chained:
+            seconds = lambda k, final: templates[k] if final else ran[k]  # noqa: E731
+            floor = max(floor, final_chain_floor(plan, layout, kind_of, seconds, last))
+    if chained and rank.offload.any and floor <= bar:
+        # then the last micro-batch's graph, built (kept for step_memory and the run): where the
+        # host works beside the GPU (offload), its busiest resource may be the host's
+        busiest = final_microbatch_floor(model, hw, plan, rank)
+        floor = max(floor, final_chain_floor(plan, layout, kind_of, seconds,
+                                             {k: max(s, busiest[k]) for k, s in last.items()}))
+    return floor
+
+
+def _middle_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, layout: Layout,
+                  kind_of: list[Chunk], bar: float) -> tuple[float, dict[Chunk, MicrobatchRun]]:
+    """The pipeline of the middle micro-batches, the last one and the optimizer taking no time,
+    and their runs. Kinds run commonest first; a stage's known compute stream over `bar` stops
+    there (with the runs so far)."""
+    M = plan.grad_accum
     kinds = sorted(set(kind_of), key=kind_of.count, reverse=True)
     busy = [0.0] * layout.pp  # each stage's known compute-stream seconds
     middle = {}
@@ -76,17 +98,11 @@ def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild,
             if k == kind:
                 busy[j % layout.pp] += (M - 1) * run.times["t_bwd"]
         if max(busy) > bar:
-            return max(floor, *busy)
+            return max(busy), middle
     send_s = _send_time(model, plan, rank)
     chunks = [replace(chunk_times(middle[k], middle[k], send_s), final_fwd_s=0.0, final_bwd_s=0.0, final_comm_s=0.0)
               for k in kind_of]
-    tails = [StageTail(0.0, 0.0)] * layout.pp
-    floor = max(floor, _pipeline_makespan(plan, layout, chunks, tails))
-    if last is not None:
-        ran = {k: (r.times["t_fwd"], r.times["t_bwd"] - r.times["t_fwd"]) for k, r in middle.items()}
-        floor = max(floor, final_chain_floor(plan, layout, kind_of,
-                                             lambda k, final: templates[k] if final else ran[k], last))
-    return floor
+    return _pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * layout.pp), middle
 
 
 def final_microbatch_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> dict[Chunk, float]:
