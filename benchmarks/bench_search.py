@@ -7,7 +7,9 @@
 --against: the issue-18 cases (exhaustive llama-70b on 8 x h100-sxm, llama-3-70b and
 llama-3.1-405b on 1,024 x h100-sxm), each searched in a fresh process of this tree and of
 another checkout (e.g. `git worktree add /tmp/base main`), alternating, on every core:
-wall seconds, peak RSS, plans and the best step time of each, and this tree's speedup.
+wall seconds, CPU seconds (the search's process and its workers: on a shared machine less
+sensitive to other load than wall), peak RSS, plans and the best step time of each, and this
+tree's speedup in wall and in CPU time.
 
 For each case (llama-70b on 4 x gh200-96gb, the issue's headline; llama-3.1-405b on
 1,024 x h100-sxm) it prints the candidates judged, the wall time against its budget
@@ -20,6 +22,7 @@ costs against a full simulation, and what the per-shape cost memo saves.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from common import add_calibration_option, chosen_calibration, median_time
@@ -60,8 +63,10 @@ base = Plan(gpus=gpus, global_batch=default_global_batch(gpus), framework=DEFAUL
 t = time.perf_counter()
 r = search(model, hw, base, default_space(model, hw, base), jobs=default_jobs(), time_limit=limit)
 wall = time.perf_counter() - t
-rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"wall_s": wall, "rss_mb": rss / 1024, "plans": r.n_candidates,
+me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+rss = max(me.ru_maxrss, workers.ru_maxrss)
+cpu = sum(u.ru_utime + u.ru_stime for u in (me, workers))  # (the pool's workers are reaped by then)
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss_mb": rss / 1024, "plans": r.n_candidates,
                   "best_s": r.best.step_time_s if r.best else None}))
 """
 
@@ -75,7 +80,8 @@ def against(reference: str, cases: list[tuple[str, str, int]], time_limit: float
     from pathlib import Path
 
     here = str(Path(__file__).resolve().parents[1])
-    print(f"{'case':<34}{'tree':>6}{'plans':>9}{'wall s':>9}{'RSS MB':>8}{'best s/step':>12}{'speedup':>9}")
+    print(f"{'case':<34}{'tree':>6}{'plans':>9}{'wall s':>9}{'CPU s':>8}{'RSS MB':>8}{'best s/step':>12}"
+          f"{'speedup':>9}{'CPU ratio':>10}")
     for i, (name, hw_name, gpus) in enumerate(cases):
         got = {}
         trees = [("this", here), ("ref", reference)]
@@ -87,8 +93,10 @@ def against(reference: str, cases: list[tuple[str, str, int]], time_limit: float
         for label in ("ref", "this"):
             g = got[label]
             speedup = got["ref"]["wall_s"] / g["wall_s"]
+            cpu = got["ref"].get("cpu_s", math.nan) / g.get("cpu_s", math.nan)  # (a reference's child may not say)
             print(f"{name + ' x' + str(gpus) + ' ' + hw_name:<34}{label:>6}{g['plans']:>9,}{g['wall_s']:>9.1f}"
-                  f"{g['rss_mb']:>8.0f}{g['best_s'] or float('nan'):>12.3f}{speedup:>9.2f}", flush=True)
+                  f"{g.get('cpu_s', math.nan):>8.1f}{g['rss_mb']:>8.0f}{g['best_s'] or float('nan'):>12.3f}"
+                  f"{speedup:>9.2f}{cpu:>10.2f}", flush=True)
 
 
 # README's default-vs-exhaustive survey: 1-4 GPU cases and the 8+ GPU cases the 7 s default once missed

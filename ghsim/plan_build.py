@@ -1,7 +1,7 @@
 """What simulating one plan builds, kept for the plan's next question.
 
 The plan search asks one plan several questions in turn (simulate_prepared.prepare(),
-step_memory(), step_time_floor(), simulate_prepared()); each builds on what the
+step_memory(), step_floors.step_time_floor(), simulate_prepared()); each builds on what the
 earlier ones built. PlanBuild holds it in named fields, and the caller holds the
 PlanBuild: nothing is cached behind its back.
 """

@@ -29,7 +29,6 @@ per node: every GPU of the node holds its own offloaded states.
 
 from __future__ import annotations
 
-import math
 from itertools import chain
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -301,89 +300,6 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
     last = mbs[-1]
     return replace(last, graph=g, fwd_last=base + last.fwd_last, bwd_last=base + last.bwd_last,
                    tail_first=base + last.tail_first)
-
-
-def step_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, bar: float = math.inf) -> float:
-    """A lower bound on the step time from the micro-batches in the middle of the step (0 without
-    gradient accumulation): the pipeline schedule of the step with its last micro-batch and its
-    optimizer taking no time. Schedules never end sooner when an op takes longer (every op
-    starts at the latest of the ends it waits for), so the step takes at least this long.
-
-    The kinds of chunk are run one at a time, the commonest first; until all are, a stage's
-    compute stream running its known chunks' micro-batches one after another bounds the step,
-    and one over `bar` ends the search for a better bound. The runs are kept for simulate_prepared."""
-    M = plan.grad_accum
-    if M < 2:
-        return 0.0
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
-    kinds = sorted(set(kind_of), key=kind_of.count, reverse=True)
-    busy = [0.0] * layout.pp  # each stage's known compute-stream seconds
-    middle = {}
-    for kind in kinds:
-        middle[kind] = run = chunk_run(model, hw, plan, rank, kind.layers, (kind.first, kind.last), False)
-        for j, k in enumerate(kind_of):
-            if k == kind:
-                busy[j % layout.pp] += (M - 1) * run.times["t_bwd"]
-        if max(busy) > bar:
-            return max(busy)
-    send_s = _send_time(model, plan, rank)
-    chunks = [replace(chunk_times(middle[k], middle[k], send_s), final_fwd_s=0.0, final_bwd_s=0.0, final_comm_s=0.0)
-              for k in kind_of]
-    tails = [StageTail(0.0, 0.0)] * layout.pp
-    return _pipeline_makespan(plan, layout, chunks, tails)
-
-
-def compute_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> float:
-    """A lower bound on the step time of every plan that runs at least `plan`'s compute-stream
-    kernels in each micro-batch's forward and backward (the search's compute class: the same
-    layout, precision, recompute and micro-batch, with ZeRO, offload and unified memory only
-    adding work): the pipeline schedule of the step with each chunk's forward and backward taking
-    only the busy time of those kernels, one after another on the stream, and nothing after the
-    last backward.
-
-    No graph is built or run: the rank's op templates are priced. Kept out of simulate_prepared:
-    it answers for a family of plans, not for this one."""
-    layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
-    busy = {kind: _stream_busy(plan, rank, kind.layers, (kind.first, kind.last)) for kind in set(kind_of)}
-    send_s = _send_time(model, plan, rank)
-    chunks = [ChunkTimes(*busy[k], 0.0, *busy[k], 0.0, send_s) for k in kind_of]
-    M, pp, v = plan.grad_accum, layout.pp, layout.interleave
-    if v > 1 and M % pp:  # (the interleaved schedule's odd case: its own order, scheduled)
-        return _pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * pp)
-    return max(_stage_floor(chunks, pp, v, M, d) for d in range(pp))
-
-
-def _stage_floor(chunks: list[ChunkTimes], pp: int, v: int, M: int, d: int) -> float:
-    """What 1F1B (interleaved or not) takes at least, seen from stage d: the first micro-batch's
-    forward reaches its first chunk (virtual stage d) through the stages before it; the stage then
-    runs every forward and backward of its chunks one after another; its last op is the last
-    micro-batch's backward of that first chunk (graph/pipeline.stage_order, for v = 1 or M a
-    multiple of pp), whose gradient goes back through the stages before it. For equal stages
-    this is the schedule's own makespan, (M + pp - 1) micro-batches (v = 1)."""
-    first = (lambda t: (t.final_fwd_s, t.final_bwd_s)) if M == 1 else (lambda t: (t.fwd_s, t.bwd_s))
-    head = sum(first(chunks[j])[0] + chunks[j].send_s for j in range(d))
-    tail = sum(chunks[j].final_bwd_s + chunks[j].send_s for j in range(d))
-    mine = [chunks[c * pp + d] for c in range(v)]
-    work = sum((M - 1) * (t.fwd_s + t.bwd_s) + t.final_fwd_s + t.final_bwd_s for t in mine)
-    return head + work + tail
-
-
-def _stream_busy(plan: Plan, rank: PlanBuild, layers: int, kind: tuple[bool, bool]) -> tuple[float, float]:
-    """Seconds the compute stream is busy with a chunk's template kernels in a micro-batch's
-    forward (the embedding's on the first chunk, every layer's, the loss's on the last), and in
-    its backward. build_microbatch issues each of them in its section (a later micro-batch's
-    copies differ only in memory), and the stream runs its ops one at a time in issue order: the
-    forward ends no sooner than the first sum, and the backward's stream work, issued after it,
-    takes at least the second."""
-    gpu, cost, graphs, t = Resource.GPU, rank.rank.cost, plan.cuda_graphs, rank.templates
-    first, last = kind
-
-    def busy(ops) -> float:
-        return sum(rank.prices(op) + cost.kernel_gap(op, graphs) for op in ops if op.resource == gpu)
-
-    fwd = busy(t.emb_fwd if first else ()) + busy(t.fwd) * layers + busy(t.loss_fwd if last else ())
-    bwd = busy(t.loss_bwd if last else ()) + busy(t.bwd) * layers + busy(t.emb_bwd if first else ())
-    return fwd, bwd
 
 
 def _pipeline_makespan(plan: Plan, layout: Layout, chunks: list[ChunkTimes], tails: list[StageTail]) -> float:

@@ -20,7 +20,8 @@ from ghsim.hardware import load_hardware
 from ghsim.model import ModelSpec
 from ghsim.plan import OffloadSchedule, plan_from_dict
 from ghsim.simulate import simulate
-from ghsim.simulate import prepare, simulate_prepared, step_time_floor
+from ghsim.simulate import prepare, simulate_prepared
+from ghsim.step_floors import step_time_floor
 from synthetic import synthetic_calibration
 from test_offload_properties import faster_link  # the same faster link as on one GPU
 
@@ -114,4 +115,4 @@ def test_the_search_floor_never_exceeds_the_step(d, hw_name, interleave):
     floor = step_time_floor(TINY, hw, plan, prepare(TINY, hw, plan, CAL))
     step = simulate(TINY, hw, plan, CAL, keep_timeline=False).step_time_s
     assert floor <= step * (1 + 1e-9)
-    assert (floor > 0) == (plan.grad_accum > 1)  # never vacuous when there is a middle micro-batch
+    assert floor > 0  # never vacuous: the last micro-batch bounds it too

@@ -1,4 +1,4 @@
-"""The compute class's bound (screen.compute_bound on several GPUs: simulate.compute_time_floor)
+"""The compute class's bound (screen.compute_bound on several GPUs: step_floors.compute_time_floor)
 answers for a whole family of plans at once, so it must hold for every member: never above a
 member's simulated step, and each micro-batch's compute-stream busy time (what it schedules)
 never above the member's own forward and backward spans."""
@@ -17,7 +17,8 @@ from ghsim.model import load_model
 from ghsim.plan import Framework, OffloadSchedule, Plan, Precision, Recompute
 from ghsim.search.screen import compute_bound, compute_class
 from ghsim.search.space import OFFLOAD_SETS
-from ghsim.simulate import _stream_busy, chunk_kinds, chunk_run, prepare, simulate
+from ghsim.simulate import chunk_kinds, chunk_run, prepare, simulate
+from ghsim.step_floors import _stream_busy
 
 MODELS = {"dense": dataclasses.replace(load_model("llama-2-7b"), num_layers=8),
           "moe": dataclasses.replace(load_model("mixtral-8x7b"), num_layers=4)}
@@ -81,7 +82,8 @@ def test_stage_floors_never_exceed_the_scheduled_pipeline(pp, v, per_stage, data
     schedule's makespan, and equal to it for the plain 1F1B of equal chunks."""
     from ghsim.graph.pipeline import ChunkTimes, StageTail
     from ghsim.graph.parallel import Layout
-    from ghsim.simulate import _pipeline_makespan, _stage_floor
+    from ghsim.simulate import _pipeline_makespan
+    from ghsim.step_floors import _stage_floor
 
     v = v if pp > 1 else 1
     M = per_stage * pp if v > 1 else per_stage

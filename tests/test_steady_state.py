@@ -105,13 +105,14 @@ def test_inflight_peak_of_many_microbatches_is_reached_within_a_few(pp, v, M, da
 @pytest.mark.parametrize("fields", [dict(gpus=2, pp=2), dict(gpus=2, pp=2, pp_interleave=2), dict(gpus=2)])
 def test_step_time_floor_of_many_microbatches_matches_the_full_schedule(cal, fields):
     from ghsim import simulate as sim
+    from ghsim.step_floors import step_time_floor
     plan = Plan(seq=512, global_batch=(2 if fields.get("pp", 1) == 1 else 1) * 96, **fields)
     rank = sim.prepare(TINY, H100, plan, cal)
-    fast = sim.step_time_floor(TINY, H100, plan, rank)
+    fast = step_time_floor(TINY, H100, plan, rank)
     exact = sim.EXACT_MICROBATCHES
     try:
         sim.EXACT_MICROBATCHES = 10**6
-        full = sim.step_time_floor(TINY, H100, plan, sim.prepare(TINY, H100, plan, cal))
+        full = step_time_floor(TINY, H100, plan, sim.prepare(TINY, H100, plan, cal))
     finally:
         sim.EXACT_MICROBATCHES = exact
     assert fast == pytest.approx(full, rel=1e-9)

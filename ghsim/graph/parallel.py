@@ -224,7 +224,7 @@ def stage_params(model: ModelSpec, plan: Plan, layout: Layout, stage: int,
         cp = chunk_params(model, plan, layout, chunk, local)
         params, trainable = params + cp.params, trainable + cp.trainable
         outside += cp.embedding_params + cp.head_params
-    blocks = pinned_tensor_blocks(trainable_tensor_sizes(model, plan, layout.tp * (layout.dp if plan.zero >= 1 else 1)))
+    blocks = pinned_tensor_blocks(optimizer_tensors(model, plan, layout.dp))
     return StageParams(params, trainable, 1.0 - outside / params if params else 0.0, blocks)
 
 
@@ -615,7 +615,7 @@ class _MicrobatchBuilder:
                               n_tensors=n_tensors,
                               saved_per_layer=offload_saved_bytes(plan, self.t.saved_per_layer, self.x_bytes),
                               gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad,
-                              tensor_elements=trainable_tensor_sizes(local, plan, plan.tp * (dp if zero >= 1 else 1)))
+                              tensor_elements=optimizer_tensors(local, plan, dp))
             hooks = RankHooks(tuple(self.sources) if final or self.per_microbatch else (), self.gathered, final,
                               bool(self.loss_bwd))
             g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)
@@ -627,6 +627,12 @@ class _MicrobatchBuilder:
             g.add(_comm("params.all_gather", ALL_GATHER, DP, nbytes, OPT,
                         calls=max(1, math.ceil(nbytes / self.bucket - 1e-9)), deps=tuple(after)))
         return MicrobatchGraph(g, fwd_last, bwd_last, tail_first, _saved_bytes(g.ops[:fwd_last + 1]))
+
+
+def optimizer_tensors(local: ModelSpec, plan: Plan, dp: int) -> tuple[int, ...]:
+    """The trainable tensors one rank's optimizer steps (StepFacts.tensor_elements): split over
+    tensor parallelism, and over data parallelism under ZeRO."""
+    return trainable_tensor_sizes(local, plan, plan.tp * (dp if plan.zero >= 1 else 1))
 
 
 def _saved_bytes(forward: list[Op]) -> float:

@@ -7,7 +7,7 @@ Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak 
 for all its ZeRO, offload and unified-memory members, when the walk reaches a class of
 several plans: on several GPUs the pipeline of the class's priced op templates, bubbles
 included, no graph built; on one GPU two small simulations) and, for a multi-GPU plan, by
-its micro-batches in the middle of the step (simulate.step_time_floor, inside the
+its last micro-batch and those in the middle of the step (step_floors.step_time_floor, inside the
 evaluation, before its memory); the HBM peak by the memory estimate. Order (order.Order):
 in turn a plan to explore (seeds first: one per precision and layout, then one per ZeRO
 stage and offload set of each) and a neighbour (one move away) of the best plans found, so

@@ -76,16 +76,20 @@ class Order:
                 heapq.heappush(self.exploit, (self.nearest[j], self.rank[j][1], j))
 
 
-# A layout is never a neighbour move (changing it changes every op and collective):
-# each layout has seeds of its own instead, so a time-limited search reaches them all.
-# Seed tiers, by the choices a seed stands for: first each precision and layout, then
-# each ZeRO stage and offload set of those.
+# Each layout has seeds of its own, so a time-limited search reaches them all. Seed tiers,
+# by the choices a seed stands for: first each precision and layout, then each ZeRO stage
+# and offload set of those.
 SEED_TIERS = (("precision", *LAYOUT), ("precision", *LAYOUT, "zero", "offload"))
 # A move changes one searched choice, or the micro-batch and recompute together: a larger
 # micro-batch often fits only with more recompute, and under ZeRO-3 or offload fewer
 # micro-batches move less, so the best plan can lie past a slow plan of single moves
 # (llama-2-70b on 8 H200: micro-batch 1 -> 8 with full recompute, 20.5 -> 16.7 s/step).
-MOVES = tuple((d,) for d in SEARCHED if d not in LAYOUT) + (("micro_batch", "recompute"),)
+# And the same plan on another layout (with its sequence parallelism and interleave): a good
+# plan's settings tend to be good on the layout beside it, whose seeds may lie several moves
+# away (llama-2-70b on 8 H200: 16.41 s/step at tp 2, micro-batch 8 -> tp 1 -> micro-batch 4,
+# 16.29 s, the exhaustive best, which the 7 s default missed without this move).
+MOVES = tuple((d,) for d in SEARCHED if d not in LAYOUT) + (("micro_batch", "recompute"),) + ((
+    *LAYOUT, "sequence_parallel", "pp_interleave"),)
 
 
 def seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple],
@@ -93,9 +97,8 @@ def seed_tiers(plans: list[Plan], keys: list[float], memory_order: list[tuple],
     """Where best-first screening starts: plan index -> its tier in SEED_TIERS, for the plan
     of each combination with the lowest bound and the least memory, among those the memory
     estimate leaves room (`roomy`) if any: a seed that does not fit leads nowhere, since only
-    feasible plans have their neighbours explored. Neighbour moves never change the layout, so
-    every layout must be looked at early; seeing one plan of a layout lets its neighbours lead
-    to the layout's best."""
+    feasible plans have their neighbours explored. Every layout is looked at early; seeing one
+    plan of a layout lets its neighbours lead to the layout's best."""
     tiers: dict[int, int] = {}
     seen: set[tuple] = set()
     roomy = roomy or [True] * len(plans)

@@ -31,7 +31,8 @@ from ghsim.plan import OffloadSchedule, Plan
 from ghsim.report.step_report import StepReport, model_flops
 from ghsim.search.memory_estimate import MARGIN, MemoryEstimate
 from ghsim.simulate import check_fit_to_model, simulate
-from ghsim.simulate import compute_time_floor, prepare, simulate_prepared, step_memory, step_time_floor
+from ghsim.simulate import prepare, simulate_prepared, step_memory
+from ghsim.step_floors import compute_time_floor, step_time_floor
 
 
 
@@ -100,8 +101,8 @@ def evaluate(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: 
 
 def _parallel(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration, est: MemoryEstimate | None,
               bar: float = math.inf) -> Evaluation:
-    """Several GPUs. With a `bar`, the micro-batches in the middle of the step bound it first
-    (step_time_floor): a plan that cannot beat the bar stops there. Then memory, which needs
+    """Several GPUs. With a `bar`, the step's last micro-batch and those in its middle bound it
+    first (step_floors.step_time_floor): a plan that cannot beat the bar stops there. Then memory, which needs
     only the micro-batch graphs: a plan that does not fit is not timed. What is built on the
     way is reused by the simulation."""
     check_fit_to_model(model, hw, plan)
@@ -258,7 +259,7 @@ def compute_bound(model: ModelSpec, hw: Hardware, plan: Plan, cal: Calibration) 
     """A lower bound on the step time of every plan of `plan`'s class, 0 if it cannot run.
 
     Several GPUs: the pipeline schedule of the class's compute-stream kernels alone, bubbles
-    included (simulate.compute_time_floor: the op templates priced, no graph built). One GPU: the
+    included (step_floors.compute_time_floor: the op templates priced, no graph built). One GPU: the
     forward/backward kernels of one step (exact: kernel time is affine in layers and linear in
     micro-batches)."""
     if plan.gpus > 1:
