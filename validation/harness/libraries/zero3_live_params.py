@@ -11,16 +11,19 @@ the coordinator gathers in forward and in backward (its __all_gather_params wrap
     python3 validation/harness/libraries/zero3_live_params.py --out $OUT/zero3_live_params.json
 
 Ran once, 2026-11-27, lent nvidia-h100-x1 (torch and transformers of the device image, DeepSpeed 0.19.8
-pure-Python wheel, DeepSpeedCPUAdam JIT-built in the first child) -> _raw/zero3_live_params.json.
+pure-Python wheel, DeepSpeedCPUAdam JIT-built in the first child) -> _raw/zero3_live_params.json; its
+child runner is since lib_step.run_child (the same subprocess and RESULT line).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib_step import run_child  # noqa: E402 (the same folder)
 
 MID = dict(hidden=1536, inter=4096, layers=8, heads=12, kv=4, vocab=32000)
 CONFIGS = {  # name -> zero_optimization overrides (stage3_* keys as users write them)
@@ -108,10 +111,7 @@ def main():
     results = {}
     for name in CONFIGS:
         t = time.time()
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name], capture_output=True,
-                           text=True, timeout=150)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        results[name] = json.loads(lines[-1][7:]) if lines else {"error": (p.stderr or p.stdout)[-3000:]}
+        results[name] = run_child(__file__, name, 150)
         last = results[name].get("steps", [{}])[-1]
         print(f"{name}: {time.time() - t:.0f}s peak={last.get('hbm_peak')} "
               f"live={last.get('at_loss', {}).get('live_numel')} {results[name].get('error', '')[-300:]}", flush=True)
