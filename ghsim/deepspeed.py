@@ -20,7 +20,7 @@ DEFAULT_PIN_MEMORY = True
 ADAM_FAMILY = {"adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam", "onebitadam", "zerooneadam"}
 # keys that change DeepSpeed's schedule or buffers but that ghsim prices at DeepSpeed's default
 NOT_MODELED = ("overlap_comm", "allgather_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-               "stage3_max_live_parameters", "stage3_max_reuse_distance", "round_robin_gradients")
+               "stage3_max_reuse_distance", "round_robin_gradients")
 
 
 def _int(d: dict[str, Any], key: str, where: str, notes: list[str]) -> int | None:
@@ -162,6 +162,12 @@ def read_ds_config(path: Path) -> tuple[dict[str, Any], list[str]]:
         size = _number(zero, key, f"{where}: zero_optimization", 1.0, float("inf"))
         if size is not None:
             out[key] = size
+    if zero.get("stage3_max_live_parameters") == "auto":  # no Trainer rule fills it: DeepSpeed's default
+        notes.append("stage3_max_live_parameters = \"auto\": read as DeepSpeed's default, 1e9")
+    else:
+        live = _number(zero, "stage3_max_live_parameters", f"{where}: zero_optimization", 0.0, float("inf"))
+        if live is not None:
+            out["max_live_parameters"] = live
     _precision(ds, out, where, notes)
     _optimizer(ds, where)
     _batches(ds, out, where, notes)

@@ -109,6 +109,7 @@ DEEPSPEED_VERSIONS = ("0.18", "0.19")
 # zero_optimization defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size, sub_group_size
 DEEPSPEED_REDUCE_BUCKET = 5e8
 DEEPSPEED_SUB_GROUP = 1e9
+DEEPSPEED_MAX_LIVE = 1e9  # stage3_max_live_parameters
 
 
 @dataclass(frozen=True, slots=True)  # slots: a search holds 10^5 plans (1.7 kB each with a dict)
@@ -166,6 +167,8 @@ class Plan:
     # DeepSpeed's zero_optimization.reduce_bucket_size and sub_group_size (elements) and its release
     reduce_bucket_size: float = DEEPSPEED_REDUCE_BUCKET
     sub_group_size: float = DEEPSPEED_SUB_GROUP
+    # ZeRO-3's stage3_max_live_parameters (elements): how far its parameter prefetch runs ahead
+    max_live_parameters: float = DEEPSPEED_MAX_LIVE
     deepspeed_version: str = "0.19"
 
     # --- derived sizes ----------------------------------------------------
@@ -289,6 +292,8 @@ class Plan:
             parts.append(f"--reduce-bucket-size {self.reduce_bucket_size:g}")
         if self.sub_group_size != DEEPSPEED_SUB_GROUP:
             parts.append(f"--sub-group-size {self.sub_group_size:g}")
+        if self.max_live_parameters != DEEPSPEED_MAX_LIVE:
+            parts.append(f"--max-live-parameters {self.max_live_parameters:g}")
         if self.deepspeed_version != "0.19":
             parts.append(f"--deepspeed-version {self.deepspeed_version}")
         if self.batch_prep_s:
@@ -391,7 +396,8 @@ def plan_from_dict(d: dict[str, Any], where: str = "plan") -> Plan:
             if not isinstance(value, bool):
                 raise GhsimError(f"{where}: '{key}' must be true or false")
             kw[key] = value
-        elif key in ("offload_ratio", "batch_prep_s", "cpu_cores_share", "reduce_bucket_size", "sub_group_size"):
+        elif key in ("offload_ratio", "batch_prep_s", "cpu_cores_share", "reduce_bucket_size", "sub_group_size",
+                     "max_live_parameters"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise GhsimError(f"{where}: '{key}' must be a number")
             kw[key] = float(value)
@@ -480,6 +486,8 @@ def check_values(plan: Plan) -> None:
     if plan.reduce_bucket_size < 1 or plan.sub_group_size < 1:
         raise GhsimError("reduce bucket and sub-group sizes must be at least 1 element, got "
                          f"{plan.reduce_bucket_size:g} and {plan.sub_group_size:g}")
+    if plan.max_live_parameters < 0:
+        raise GhsimError(f"max live parameters must be at least 0, got {plan.max_live_parameters:g}")
     if plan.deepspeed_version not in DEEPSPEED_VERSIONS:
         raise GhsimError(f"deepspeed version must be one of {', '.join(DEEPSPEED_VERSIONS)}, got {plan.deepspeed_version!r}")
     if plan.modeling not in MODELING_CODES:

@@ -127,6 +127,10 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
         click.option("--sub-group-size", type=FLOAT, default=None,
                      help="DeepSpeed's zero_optimization.sub_group_size in elements (default 1e9): ZeRO-3 offloads "
                           "and steps the optimizer in sub-groups of this many parameters per GPU."),
+        click.option("--max-live-parameters", type=FLOAT, default=None,
+                     help="DeepSpeed's zero_optimization.stage3_max_live_parameters (default 1e9): with ZeRO-3 "
+                          "offload_param the fetched parameters it holds on the GPU (the last layers' stay "
+                          "from forward into backward)."),
         click.option("--deepspeed-version", type=click.Choice(["0.18", "0.19"]), default=None,
                      help="DeepSpeed release (default 0.19); 0.18's SuperOffload reduces whole sub-groups and "
                           "hands its worker the fp32 gradient on the GPU."),
@@ -164,7 +168,8 @@ FLAG_TO_FIELD = {
     "cpu_optimizer": "cpu_optimizer", "cpu_threads": "cpu_threads", "cpu_cores_share": "cpu_cores_share",
     "grad_clip": "grad_clip", "fsdp2": "fsdp2", "fused_norm": "fused_norm", "compile": "compile", "modeling": "modeling",
     "fp8_recipe": "fp8_recipe", "fp8_params": "fp8_params", "reduce_bucket_size": "reduce_bucket_size",
-    "sub_group_size": "sub_group_size", "deepspeed_version": "deepspeed_version",
+    "sub_group_size": "sub_group_size", "max_live_parameters": "max_live_parameters",
+    "deepspeed_version": "deepspeed_version",
 }
 
 

@@ -615,7 +615,8 @@ class _MicrobatchBuilder:
                               n_tensors=n_tensors,
                               saved_per_layer=offload_saved_bytes(plan, self.t.saved_per_layer, self.x_bytes),
                               gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad,
-                              tensor_elements=optimizer_tensors(local, plan, dp))
+                              tensor_elements=optimizer_tensors(local, plan, dp),
+                              head_params=local.vocab_size * local.hidden_size if self.chunk.last else 0.0)
             hooks = RankHooks(tuple(self.sources) if final or self.per_microbatch else (), self.gathered, final,
                               bool(self.loss_bwd))
             g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)

@@ -60,7 +60,7 @@ GIVEN = ("gpus", "gpus_per_node", "seq", "global_batch", "lora_rank", "dataloade
          # the host's CPU optimizer as the user's library runs it: facts, not choices
          "cpu_optimizer", "cpu_threads", "cpu_cores_share", "grad_clip", "fsdp2",
          # the user's DeepSpeed config and release
-         "reduce_bucket_size", "sub_group_size", "deepspeed_version",
+         "reduce_bucket_size", "sub_group_size", "max_live_parameters", "deepspeed_version",
          # the pipeline split: the search keeps the even one (ghsim plan refuses --pp-layers)
          "pp_layers")
 

@@ -77,6 +77,9 @@ class OffloadSetup:
     # worker has dropped it (torch.multiprocessing, "Sharing CUDA tensors"), so one sub-group's fp32
     # gradient stays on the GPU from one hand-over to the next; 0.19 hands over the pinned host copy
     gpu_grad_handoff: bool = False
+    # DeepSpeed ZeRO-3 with offload_param: stage3_max_live_parameters, the elements its parameter
+    # prefetch keeps available (schedules._layers_kept_for_backward); 0: not DeepSpeed's
+    max_live: float = 0.0
 
     @property
     def any(self) -> bool:
@@ -149,6 +152,8 @@ def resolve(plan: Plan) -> OffloadSetup:
         bucket_elements=plan.reduce_bucket_size,
         sub_group=plan.sub_group_size,
         gpu_grad_handoff=superoffload_whole_sub_groups(plan) and not params and plan.offload_ratio > 0,
+        max_live=plan.max_live_parameters if params and plan.zero == 3 and plan.framework == Framework.DEEPSPEED
+        else 0.0,
     )
 
 
@@ -218,6 +223,7 @@ class StepFacts:
     layer_params: float  # parameters of one decoder layer (all, trainable or not)
     grad_width: float = 0.0  # bytes per gradient element; 0: from the graph's gradient allocations
     tensor_elements: tuple[int, ...] = ()  # the trainable tensors' sizes, (elements, count) pairs flattened
+    head_params: float = 0.0  # the LM head's weight elements where this graph runs it (0: not here)
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lib_step import proc_status  # noqa: E402 (the same folder)
+from lib_step import proc_status, run_child  # noqa: E402 (the same folder)
 
 FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem", "VmPin", "VmLck")
 UNIFORM = [16 * 2 ** 20] * 16
@@ -312,11 +311,8 @@ def main():
     results = {}
     for name in names:
         t = time.time()
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name], capture_output=True,
-                           text=True, timeout=240)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        results[name] = json.loads(lines[-1][7:]) if lines else {"error": (p.stderr or p.stdout)[-3000:]}
-        print(f"{name}: {time.time() - t:.0f}s {'ok' if lines else 'FAILED ' + (p.stderr or '')[-500:]}", flush=True)
+        results[name] = run_child(__file__, name, 240)
+        print(f"{name}: {time.time() - t:.0f}s {results[name].get('error', 'ok')[-500:]}", flush=True)
         with open(a.out, "w") as f:  # after every child: what finished comes back even if the call is cut short
             json.dump({"results": results, "meta": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}},
                       f, indent=1, default=str)

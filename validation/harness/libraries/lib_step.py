@@ -23,6 +23,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -49,6 +50,14 @@ def proc_status(pid="self", fields=("VmHWM", "VmRSS", "VmLck", "VmPin")):
     except OSError:
         pass
     return out
+
+
+def run_child(script, name, timeout):
+    """Runs `script --child name` in a fresh process; its last 'RESULT <json>' line, else the error."""
+    p = subprocess.run([sys.executable, os.path.abspath(script), "--child", name], capture_output=True, text=True,
+                       timeout=timeout)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][7:]) if lines else {"error": (p.stderr or p.stdout)[-3000:]}
 
 
 def build_model(spec, torch, dtype, device):
