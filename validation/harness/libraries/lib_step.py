@@ -13,6 +13,11 @@ then torch.cuda.synchronize(); time with time.perf_counter; median of `steps`
 after `warmup` warm-up steps; then one step under torch.profiler (CPU + CUDA).
 
 Writes DIR/<name>.json (results, effective config) and DIR/<name>.trace.json.gz.
+
+FSDP2 on several GPUs: run under torchrun (`torchrun --nproc_per_node N lib_step.py ...`); each rank takes
+its GPU from LOCAL_RANK and its own random tokens, rank 0 writes <name>.json and the trace, rank r > 0
+writes <name>.rank<r>.json (its own host and HBM figures). torchrun sets OMP_NUM_THREADS=1 unless told
+otherwise, so the ranks' CPU optimizers run as users' torchrun jobs run them.
 """
 from __future__ import annotations
 
@@ -85,7 +90,8 @@ def main():
     spec = json.loads(a.spec)
     os.makedirs(a.out, exist_ok=True)
     res = {"name": spec["name"], "spec": spec, "ok": False}
-    jpath = os.path.join(a.out, spec["name"] + ".json")
+    rank = int(os.environ.get("RANK", "0"))
+    jpath = os.path.join(a.out, spec["name"] + (f".rank{rank}" if rank else "") + ".json")
     try:
         run(spec, res, a.out)
         res["ok"] = True
@@ -107,11 +113,14 @@ def main():
 def run(spec, res, outdir):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
-    dev = torch.device("cuda", 0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # > 1 only under torchrun (fsdp2)
+    rank = int(os.environ.get("RANK", "0"))
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(dev)
     res["torch"] = torch.__version__
     res["cuda"] = torch.version.cuda
-    res["gpu"] = torch.cuda.get_device_name(0)
+    res["gpu"] = torch.cuda.get_device_name(dev)
+    res["world_size"], res["rank"] = world, rank
     res["cpu_count"] = os.cpu_count()
     res["affinity"] = len(os.sched_getaffinity(0))
     res["torch_threads_at_start"] = torch.get_num_threads()
@@ -119,10 +128,13 @@ def run(spec, res, outdir):
     res["transformers"] = transformers.__version__
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    if world == 1:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    elif spec["mode"] != "fsdp2":
+        raise ValueError("several ranks: fsdp2 only")
     mb, seq = spec["mb"], spec["seq"]
     mode = spec["mode"]
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=dev).manual_seed(rank)
     ids = torch.randint(0, 128256, (mb, seq), device=dev, generator=g)
     t_init = time.perf_counter()
 
@@ -160,7 +172,10 @@ def run(spec, res, outdir):
     elif mode == "fsdp2":
         import torch.distributed as dist
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
+        # several ranks: clip_grad_norm_ all-reduces the CPU DTensors' norm, which needs a CPU backend
+        # (torchtitan initialises "cuda:nccl,cpu:gloo" under CPU offload for the same reason)
+        backend = "cuda:nccl,cpu:gloo" if world > 1 else "nccl"
+        dist.init_process_group(backend, rank=rank, world_size=world, device_id=dev)
         model, cfg = build_model(spec, torch, torch.float32, dev)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         off = CPUOffloadPolicy(pin_memory=spec.get("pin", True))
@@ -254,7 +269,8 @@ def run(spec, res, outdir):
                            for k in kids]
     except Exception as e:  # noqa: BLE001
         res["children"] = repr(e)
-    with open(os.path.join(outdir, spec["name"] + ".json.partial"), "w") as f:
+    partial = os.path.join(outdir, spec["name"] + (f".rank{rank}" if rank else "") + ".json.partial")
+    with open(partial, "w") as f:
         json.dump(res, f, default=str)
     if spec.get("profile", True):
         from torch.profiler import ProfilerActivity, profile
@@ -265,13 +281,16 @@ def run(spec, res, outdir):
             torch.cuda.synchronize()
             res["profiled_step_s"] = time.perf_counter() - t0
         tmp = f"/tmp/{spec['name']}.trace.json"
+        if rank:  # every rank ran the profiled step (its collectives); rank 0's trace is kept
+            os.remove(partial)
+            return
         prof.export_chrome_trace(tmp)
         with open(tmp, "rb") as fi, gzip.open(os.path.join(outdir, spec["name"] + ".trace.json.gz"), "wb",
                                               compresslevel=6) as fo:
             shutil.copyfileobj(fi, fo)
         os.remove(tmp)
         res["trace"] = spec["name"] + ".trace.json.gz"
-    os.remove(os.path.join(outdir, spec["name"] + ".json.partial"))
+    os.remove(partial)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 from ghsim.validate.cases import DEFAULT_TOLERANCES, case_model, load_case, run_case
 
 ROOT = Path(__file__).resolve().parents[2] / "measured_libraries"
-PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-", "h200-ds-", "h200-plain-")
+PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-", "h200-ds-", "h200-plain-", "h200x2-fsdp2-")
 RATIOS = [("ZeRO-3 offload / ZeRO-2 offload", "h100-ds-z3-offopt-llama3b-ckpt-mb2-s2048",
            "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048"),
           ("SuperOffload / ZeRO-Offload (ZeRO-2)", "h100-ds-z3-superoffload-llama3b-ckpt-mb2-s2048",
