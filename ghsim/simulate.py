@@ -47,7 +47,7 @@ from ghsim.cost.offload_policy import transfer_widths
 from ghsim.errors import GhsimError
 from ghsim.graph import ops as K
 from ghsim.graph.dtypes import Dtypes
-from ghsim.graph.offload import OffloadSetup, Widths, check_offload, deepspeed_sub_group_ratio
+from ghsim.graph.offload import OffloadSetup, Widths, check_offload
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.ops import Category, Collective, Op, OpGraph, Phase, Resource
 from ghsim.graph.parallel import (
@@ -62,7 +62,7 @@ from ghsim.graph.parallel import (
 )
 from ghsim.graph.states import check_host_capacity, kept_states, rank_states
 from ghsim.graph.pipeline import ChunkTimes, StageTail, peak_inflight_bytes
-from ghsim.graph.step import loader_seconds, param_counts, partition_sizes
+from ghsim.graph.step import deepspeed_run_plan, loader_seconds
 from ghsim.graph.unified_memory import UnifiedMemoryUse, apply_unified_memory
 from ghsim.hardware import Hardware
 from ghsim.report.host import per_node
@@ -112,7 +112,7 @@ def check_fit_to_model(model: ModelSpec, hw: Hardware, plan: Plan) -> None:
 def simulate(model: ModelSpec, hw: Hardware, plan: Plan, calibration: Calibration | None = None,
              keep_timeline: bool = True) -> StepReport:
     check_fit_to_model(model, hw, plan)
-    plan, note = deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))
+    plan, note = deepspeed_run_plan(model, plan)
     calibration = calibration or load_calibration(hw.calibration)
     report = simulate_prepared(model, hw, plan, calibration, keep_timeline)
     notes = tuple(n for n in (note, measured_blocks.note(model, hw, plan, calibration)) if n)

@@ -21,6 +21,7 @@ from ghsim.graph.kernels import LEARNED_POSITION_FWD_KERNELS, RMSNORM_BWD_KERNEL
 from ghsim.graph.layer_ops import LayerSplit
 from ghsim.graph.transformer import LayerBuilder
 from ghsim.model import ModelSpec
+from ghsim.graph.offload import deepspeed_sub_group_ratio
 from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.offload import sync_activation_offload
 from ghsim.plan import Framework, OffloadSchedule, Plan, Recompute
@@ -88,6 +89,13 @@ def partition_sizes(model: ModelSpec, plan: Plan, shard: int) -> list[int]:
         layer += [h] * m.norms_per_layer
         order = [m.vocab_size * h] + layer * m.num_layers + [h] + ([] if m.tie_embeddings else [m.vocab_size * h])
     return [-(-n // max(1, shard)) for n in order]
+
+
+def deepspeed_run_plan(model: ModelSpec, plan: Plan) -> tuple[Plan, str | None]:
+    """The plan with the offload ratio DeepSpeed ZeRO-3 really runs over this rank's partitions (whole
+    sub-groups: graph/offload/setup.deepspeed_sub_group_ratio), and the note saying so; the partitions
+    are listed only for plans it applies to."""
+    return deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))
 
 
 def _layer_templates(model: ModelSpec, plan: Plan, split: LayerSplit = LayerSplit()

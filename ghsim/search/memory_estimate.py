@@ -33,10 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ghsim.graph.offload import OffloadSetup
-from ghsim.graph.offload import deepspeed_sub_group_ratio, resolve as resolve_offload
+from ghsim.graph.offload import resolve as resolve_offload
 from ghsim.graph.parallel import Layout, rank_shard, stage_params
 from ghsim.graph.states import RankStates, node_gpus, rank_states, shards_grads
-from ghsim.graph.step import param_counts, partition_sizes
+from ghsim.graph.step import deepspeed_run_plan, param_counts
 from ghsim.graph.dtypes import Dtypes
 from ghsim.graph.layer_ops import lora_targeted
 from ghsim.hardware import GB, Hardware
@@ -315,7 +315,7 @@ def memory_states(model: ModelSpec, hw: Hardware, plan: Plan) -> PlanStates:
     local = rank_shard(model, layout)
     chunk_layers = model.num_layers // layout.chunks
     # the optimizer split DeepSpeed ZeRO-3 runs (whole sub-groups), as simulate() prices it
-    setup = resolve_offload(deepspeed_sub_group_ratio(plan, lambda: partition_sizes(model, plan, plan.tp * max(1, plan.dp)))[0])
+    setup = resolve_offload(deepspeed_run_plan(model, plan)[0])
     on_gpu_optimizer = not setup.optimizer
     shard_opt = plan.dp if plan.zero >= 1 and plan.dp > 1 else 1
     stages = []

@@ -56,6 +56,8 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
     width = 4 if fsdp else 2
     buffer = P * facts.gpu_param_width if not fsdp else P * 2
     for mb, dirs in by_mb.items():
+        layers = sorted({r.layer for r in dirs[FWD] if r.layer >= 0})
+        kept = set(layers[len(layers) - _layers_kept_for_backward(facts, setup, len(layers)):]) if layers else set()
         for direction, duplex in ((FWD, duplex_fwd), (BWD, duplex_bwd)):
             seq = dirs[direction]
             stream = _GPU if setup.params_on_compute_stream else _H2D
@@ -64,8 +66,6 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
             release = _marker(f"params.release.{direction}", direction).with_hbm("param_buffers", -buffer)
             casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in (_GPU, _DP)} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
-            last = sorted({r.layer for r in dirs[FWD] if r.layer >= 0})
-            kept = set(last[len(last) - _layers_kept_for_backward(facts, setup, len(last)):]) if last else set()
             for n, (k, run) in enumerate(layer_runs):
                 held = run.layer in kept  # fetched in forward, released after backward
                 if not (held and direction == BWD):

@@ -147,26 +147,31 @@ def resolve(plan: Plan) -> OffloadSetup:
         params_on_compute_stream=params and plan.fsdp2,
         # (0.18's SuperOffload has its own partition_grads, without the round trip)
         grad_round_trip=plan.framework == Framework.DEEPSPEED and plan.zero == 3 and optimizer
-        and schedule != OffloadSchedule.SYNC and not superoffload_whole_sub_groups(plan),
+        and schedule != OffloadSchedule.SYNC and not v018,
         host_pinned_blocks=plan.offload_pinned,
         bucket_elements=plan.reduce_bucket_size,
         sub_group=plan.sub_group_size,
-        gpu_grad_handoff=superoffload_whole_sub_groups(plan) and not params and plan.offload_ratio > 0,
+        gpu_grad_handoff=v018 and not params and plan.offload_ratio > 0,
         max_live=plan.max_live_parameters if params and plan.zero == 3 and plan.framework == Framework.DEEPSPEED
         else 0.0,
     )
 
 
-def sub_group_count(tensors: list[int], size: float) -> int:
-    """DeepSpeed ZeRO-3's sub-groups of one rank's parameter partitions (`tensors`, elements each, in
-    the model's order): stage3.py _create_fp16_sub_groups closes a sub-group once it holds at least
-    `size` elements, the last one at the last parameter."""
-    groups, held = 0, 0
+def sub_group_sizes(tensors: list[int], size: float) -> list[int]:
+    """DeepSpeed ZeRO-3's sub-groups (elements each) of one rank's parameter partitions (`tensors`,
+    elements each, in the model's order): stage3.py _create_fp16_sub_groups closes a sub-group once it
+    holds at least `size` elements, the last one at the last parameter."""
+    groups, held = [], 0
     for n in tensors:
         held += n
         if held >= size:
-            groups, held = groups + 1, 0
-    return max(1, groups + (1 if held else 0))
+            groups.append(held)
+            held = 0
+    return groups + [held] if held else groups
+
+
+def sub_group_count(tensors: list[int], size: float) -> int:
+    return max(1, len(sub_group_sizes(tensors, size)))
 
 
 def deepspeed_sub_group_ratio(plan: Plan, tensors: Callable[[], list[int]] | list[int]) -> tuple[Plan, str | None]:

@@ -9,6 +9,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ghsim.graph.offload.setup import sub_group_sizes
+from ghsim.graph.step import partition_sizes
 from ghsim.validate.cases import DEFAULT_TOLERANCES, case_model, load_case, run_case
 
 ROOT = Path(__file__).resolve().parents[2] / "measured_libraries"
@@ -23,24 +25,6 @@ RATIOS = [("ZeRO-3 offload / ZeRO-2 offload", "h100-ds-z3-offopt-llama3b-ckpt-mb
            "h100-plain-cpuadamw-fused-llama3b-ckpt-mb2-s2048")]
 
 
-def llama_tensors(model) -> list[int]:
-    """The parameters of a Hugging Face Llama in module order (model.parameters())."""
-    h, q, kv = model.hidden_size, model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    layer = [h * q, h * kv, h * kv, q * h] + [h * model.intermediate_size] * 3 + [h, h]
-    return [model.vocab_size * h] + layer * model.num_layers + [h] + ([] if model.tie_embeddings else [model.vocab_size * h])
-
-
-def largest_sub_group(tensors: list[int], sub_group_size: float) -> int:
-    """DeepSpeed ZeRO-3's largest sub-group: parameters in order until the group reaches
-    sub_group_size (superoffload_stage3.py _create_fp16_sub_groups)."""
-    largest = size = 0
-    for n in tensors:
-        size += n
-        if size >= sub_group_size:
-            largest, size = max(largest, size), 0
-    return max(largest, size)
-
-
 def host_peaks(result) -> tuple[float, float]:
     """Measured host peak and ghsim's (what its offload places on the host plus the processes'
     own memory; 0 without offload). Measured: the training process's VmHWM, plus for SuperOffload
@@ -53,7 +37,8 @@ def host_peaks(result) -> tuple[float, float]:
     if worker:
         sub_group = json.loads((result.case.folder / "result.json").read_text())["ds_zero_config_effective"][
             "sub_group_size"]
-        measured += worker - 8 * largest_sub_group(llama_tensors(case_model(result.case)), sub_group)
+        tensors = partition_sizes(case_model(result.case), result.case.plan, 1)
+        measured += worker - 8 * max(sub_group_sizes(tensors, sub_group))
     return measured, result.predicted.get("host_peak_bytes", 0.0)
 
 
