@@ -196,14 +196,12 @@ def host_static_bytes(setup: OffloadSetup, trainable: float, total: float, tenso
         elif setup.grad_round_trip:  # with offload_param too (stage3.py allocates both either way)
             full, rest = divmod(p, setup.sub_group)
             out.update(grads=int(full) * block(4 * setup.sub_group) + block(4 * rest), grad_partition16=block(2 * p))
-            if setup.schedule == OffloadSchedule.SUPEROFFLOAD and not setup.gpu_grad_handoff:
-                # handing a sub-group to the CPU-Adam worker moves its fp32 gradient into shared memory
-                # (torch.multiprocessing), while the pinned block stays in torch's cache; the worker
-                # copies each gradient into its own pinned buffer of the largest sub-group
-                # (superoffload_utils.py; offload_calibration.py: the handed-over tensors come back unpinned)
+            if setup.schedule == OffloadSchedule.SUPEROFFLOAD:  # 0.19 (0.18 makes no round trip: its fp32
+                # gradients are the plain `grads` above). Handing a sub-group to the CPU-Adam worker moves its
+                # fp32 gradient into shared memory (torch.multiprocessing), while the pinned block stays in
+                # torch's cache; the worker copies each gradient into its own pinned buffer of the largest
+                # sub-group (superoffload_utils.py; offload_calibration.py: the handed-over tensors come back unpinned)
                 out.update(grads_shared=4 * p, worker_grad_buffer=block(4 * min(p, setup.sub_group)))
-            elif setup.gpu_grad_handoff:  # DeepSpeed 0.18: the worker copies the GPU gradient into its pinned buffer
-                out.update(worker_grad_buffer=block(4 * min(p, setup.sub_group)))
     if setup.params:
         frozen = total - trainable
         if setup.fsdp_like:  # FSDP keeps the fp32 flat parameter on the host: the master itself
