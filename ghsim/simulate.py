@@ -302,7 +302,7 @@ def _chain(mbs: list[MicrobatchGraph], loader_s: float) -> MicrobatchGraph:
                    tail_first=base + last.tail_first)
 
 
-def _pipeline_makespan(plan: Plan, layout: Layout, chunks: list[ChunkTimes], tails: list[StageTail]) -> float:
+def pipeline_makespan(plan: Plan, layout: Layout, chunks: list[ChunkTimes], tails: list[StageTail]) -> float:
     """The pipeline schedule's makespan for the plan's micro-batches; past EXACT_MICROBATCHES from
     three short schedules and their steady-state period (ghsim/steady_state.py). Where the period
     is not steady yet, the longest short schedule: M micro-batches never end sooner than fewer."""
@@ -326,7 +326,7 @@ def inflight_microbatches(pp: int, v: int, M: int) -> int:
     return M if M <= enough else enough + (M - enough) % pp
 
 
-def _send_time(model: ModelSpec, plan: Plan, rank: PlanBuild) -> float:
+def send_time(model: ModelSpec, plan: Plan, rank: PlanBuild) -> float:
     """Activations (forward) or their gradients (backward) to the next pipeline stage; with
     tp > 1 each tensor-parallel rank sends its 1/tp slice (Megatron's scatter/gather optimisation)."""
     if rank.layout.pp == 1:
@@ -340,7 +340,7 @@ def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
                     ) -> tuple[list[ChunkTimes], list[StageTail]]:
     """The kernel-level runs as the pipeline schedule's per-chunk times and per-stage tails."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
-    send_s = _send_time(model, plan, rank)
+    send_s = send_time(model, plan, rank)
     blocks = plan.framework == Framework.MEGATRON_LEGACY  # its p2p waits for each send (ChunkTimes.send_blocks)
     chunks = [replace(chunk_times(*runs[k], send_s), send_blocks=blocks) for k in kind_of]
     tails = []

@@ -22,14 +22,14 @@ from ghsim.plan_build import PlanBuild
 from ghsim.simulate import (
     EXACT_MICROBATCHES,
     MicrobatchRun,
-    _pipeline_makespan,
-    _send_time,
     chains_microbatches,
     chunk_graph,
     chunk_kinds,
     chunk_run,
     chunk_times,
     level1_resources,
+    pipeline_makespan,
+    send_time,
 )
 
 
@@ -99,10 +99,10 @@ def _middle_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild, l
                 busy[j % layout.pp] += (M - 1) * run.times["t_bwd"]
         if max(busy) > bar:
             return max(busy), middle
-    send_s = _send_time(model, plan, rank)
+    send_s = send_time(model, plan, rank)
     chunks = [replace(chunk_times(middle[k], middle[k], send_s), final_fwd_s=0.0, final_bwd_s=0.0, final_comm_s=0.0)
               for k in kind_of]
-    return _pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * layout.pp), middle
+    return pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * layout.pp), middle
 
 
 def final_microbatch_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBuild) -> dict[Chunk, float]:
@@ -180,11 +180,11 @@ def compute_time_floor(model: ModelSpec, hw: Hardware, plan: Plan, rank: PlanBui
     it answers for a family of plans, not for this one."""
     layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     busy = {kind: _stream_busy(plan, rank, kind.layers, (kind.first, kind.last)) for kind in set(kind_of)}
-    send_s = _send_time(model, plan, rank)
+    send_s = send_time(model, plan, rank)
     chunks = [ChunkTimes(*busy[k], 0.0, *busy[k], 0.0, send_s) for k in kind_of]
     M, pp, v = plan.grad_accum, layout.pp, layout.interleave
     if v > 1 and M % pp:  # (the interleaved schedule's odd case: its own order, scheduled)
-        return _pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * pp)
+        return pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * pp)
     return max(_stage_floor(chunks, pp, v, M, d) for d in range(pp))
 
 

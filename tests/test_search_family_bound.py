@@ -82,7 +82,7 @@ def test_stage_floors_never_exceed_the_scheduled_pipeline(pp, v, per_stage, data
     schedule's makespan, and equal to it for the plain 1F1B of equal chunks."""
     from ghsim.graph.pipeline import ChunkTimes, StageTail
     from ghsim.graph.parallel import Layout
-    from ghsim.simulate import _pipeline_makespan
+    from ghsim.simulate import pipeline_makespan
     from ghsim.step_floors import _stage_floor
 
     v = v if pp > 1 else 1
@@ -94,12 +94,12 @@ def test_stage_floors_never_exceed_the_scheduled_pipeline(pp, v, per_stage, data
         chunks.append(ChunkTimes(f, b, 0.0, ff, fb, 0.0, s))
     layout = Layout.of(Plan(gpus=pp, pp=pp, pp_interleave=v), HW["h100"])
     plan = Plan(gpus=pp, pp=pp, pp_interleave=v, global_batch=M)
-    scheduled = _pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * pp)
+    scheduled = pipeline_makespan(plan, layout, chunks, [StageTail(0.0, 0.0)] * pp)
     floor = max(_stage_floor(chunks, pp, v, M, d) for d in range(pp))
     assert floor <= scheduled * (1 + 1e-9) + 1e-12
     if v == 1:
         same = [ChunkTimes(0.3, 0.6, 0.0, 0.3, 0.6, 0.0, 0.0)] * pp
-        exact = _pipeline_makespan(plan, layout, same, [StageTail(0.0, 0.0)] * pp)
+        exact = pipeline_makespan(plan, layout, same, [StageTail(0.0, 0.0)] * pp)
         assert max(_stage_floor(same, pp, v, M, d) for d in range(pp)) == pytest.approx(exact, rel=1e-9)
 
 
