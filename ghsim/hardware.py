@@ -93,6 +93,9 @@ class Hardware:
     price_per_gpu_hour: float
     # host seconds per launched op relative to the calibration's (x86) host: Grace's launch path
     host_path_factor: float = 1.0
+    # host seconds per tensor-parallel collective call (torch.distributed on the training thread);
+    # 0: no measurement for this host, the call is not priced
+    tp_collective_call_s: float = 0.0
     source_file: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -184,6 +187,8 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
         cuda_graph_kernel_s=f.figure(launch_t, "cuda_graph_kernel_us", "launch") * 1e-6,
         host_path_factor=_defaulted(f, launch_t, "host_path_factor", "launch", 1.0, lambda v: 0 < v < math.inf,
                                     "a positive finite number"),
+        tp_collective_call_s=_defaulted(f, launch_t, "tp_collective_call_us", "launch", 0.0,
+                                        lambda v: 0 <= v < math.inf, "a non-negative finite number (us)") * 1e-6,
         price_per_gpu_hour=(
             sourced(d, "price_per_gpu_hour_usd", where) if price is not None else 0.0
         ),
@@ -195,7 +200,7 @@ def hardware_from_dict(d: dict[str, Any], where: str) -> Hardware:
 def _defaulted(f: _Profile, t: dict[str, Any], key: str, section: str, default: float,
                valid: Callable[[float], bool], must: str) -> float:
     """A figure the profile may leave out (`default` then: x86 Linux's 4 KiB page, the calibration
-    host's launch path), refused when it is not `valid`."""
+    host's launch path, no price for an unmeasured host cost), refused when it is not `valid`."""
     if key not in t:
         return default
     v = f.figure(t, key, section)

@@ -110,6 +110,8 @@ def test_hardware_listing_names_node_size_and_assumed_figures():
     quad = next(line for line in out.splitlines() if line.startswith("gh200-96gb-quad"))
     assert "4 GPU(s)/node" in quad and "assumed: " in quad and "unified_memory.migration_gbps" in quad
     assert "host path x2.46" in quad  # Grace's launch path against the calibration's x86 host
+    assert "TP call 123.5 us" in quad  # and its seconds per tensor-parallel collective call
+    assert "TP call" not in next(line for line in out.splitlines() if line.startswith("h100-sxm"))  # not measured
 
 
 def test_no_fit_advice_names_the_other_node_kind_and_what_changes():

@@ -45,5 +45,7 @@ def hardware() -> None:
 
 
 def _host_path(hw: Hardware) -> str:
-    """A host that runs the launch path at another speed than the calibration's (Grace) says so."""
-    return f"host path x{hw.host_path_factor:.2f}  " if hw.host_path_factor != 1.0 else ""
+    """A host that runs the launch path at another speed than the calibration's (Grace) says so, and
+    what it pays per tensor-parallel collective call where that is measured."""
+    factor = f"host path x{hw.host_path_factor:.2f}  " if hw.host_path_factor != 1.0 else ""
+    return factor + (f"TP call {hw.tp_collective_call_s * 1e6:.1f} us  " if hw.tp_collective_call_s else "")

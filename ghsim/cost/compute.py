@@ -39,6 +39,7 @@ DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # Enum members the per-op paths below compare with, read off their classes once (graph/ops.py:
 # a member read off its class is slow in Python 3.11), since these paths run for every distinct op.
 _GPU_STREAM = Resource.GPU
+_TP_STREAM = Resource.TP
 _COPY_KINDS = (Kind.H2D, Kind.D2H)
 _OPT_GPU, _MEMBOUND = Kind.OPT_GPU, Kind.MEMBOUND
 _OPTIMIZER = Category.OPTIMIZER
@@ -216,7 +217,13 @@ class CostModel:
 
     def _issue_cost(self, op: Op, cuda_graphs: bool) -> float:
         if op.resource != _GPU_STREAM:
-            return self.hw.kernel_launch_s if op.kind in _COPY_KINDS else 0.0
+            if op.kind in _COPY_KINDS:
+                return self.hw.kernel_launch_s
+            if op.resource == _TP_STREAM and not cuda_graphs:
+                # each call goes through torch.distributed on the training thread (ProcessGroupNCCL:
+                # stream waits, the NCCL enqueue, a work object); a captured graph replays it on the GPU
+                return op.kernels * self.hw.tp_collective_call_s
+            return 0.0
         if cuda_graphs:
             return op.kernels * self.hw.cuda_graph_kernel_s
         if self.launch is None:
