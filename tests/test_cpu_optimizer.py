@@ -7,6 +7,8 @@ each library's launcher gives its optimizer the threads it really gets.
 """
 
 import json
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -40,7 +42,7 @@ def test_reproduces_the_microbenchmark_on_its_host(impl):
         side = HostSide.of(lent_host(), Plan(cpu_optimizer=impl, cpu_threads=threads))
         rate = side.cpu_adamw_rate(impl)
         assert rate <= measured * 1.01
-        if threads == 16:
+        if threads == 16 or impl == CpuOptimizer.TORCH_FORLOOP:  # its bytes are where the roof binds first
             assert rate == pytest.approx(measured, rel=0.01)
 
 
@@ -133,3 +135,74 @@ def test_deepspeed_config_says_what_it_read_otherwise(tmp_path):
         p.write_text(json.dumps(bad))
         res = CliRunner().invoke(main, ["simulate", "--model", "llama-2-7b", "--deepspeed", str(p)])
         assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
+
+
+# --- torch's for-loop on FSDP2's DTensor shards (session 6: _raw/adamw_shapes/) ------------------
+
+ADAMW_SHAPES = Path(__file__).resolve().parent.parent / "validation" / "measured_libraries" / "_raw" / "adamw_shapes"
+
+
+def _llama_1b_rank_shards(ws: int) -> tuple[int, ...]:
+    """One rank's Shard(0) tensor sizes of the Llama-3.2-1B shape, as (elements, count) pairs."""
+    h, i, kv, layers, vocab = 2048, 8192, 512, 16, 128256
+    sizes = Counter([vocab * h // ws] + [h * h // ws, kv * h // ws, kv * h // ws, h * h // ws, i * h // ws,
+                                          i * h // ws, i * h // ws, h // ws, h // ws] * layers + [h // ws])
+    return tuple(v for n, c in sorted(sizes.items()) for v in (n, c))
+
+
+def test_forloop_size_profile_follows_the_thread_count():
+    """Each measured thread count prices a tensor size at its own row; between them the factor is
+    interpolated, so it never leaves the range the two rows give."""
+    curve = curve_of(CpuOptimizer.TORCH_FORLOOP)
+    one, sixteen = curve.size_rows[0], curve.size_rows[-1]
+    assert (one.threads, sixteen.threads) == (1, 16)
+    tensors = (1048576, 4)
+    for row in (one, sixteen):
+        assert curve.size_factor(tensors, row.threads) == pytest.approx(row.at(1048576) / row.at(curve.curve_elements))
+    lo, hi = sorted(curve.size_factor(tensors, t) for t in (1, 16))
+    assert lo - 1e-12 <= curve.size_factor(tensors, 4) <= hi + 1e-12
+
+
+def test_single_row_implementations_keep_one_profile_at_any_thread_count():
+    curve = curve_of(CpuOptimizer.TORCH_FUSED)
+    tensors = (1048576, 8, 67108864, 2)
+    assert len(curve.size_rows) == 1
+    assert curve.size_factor(tensors, 1) == curve.size_factor(tensors, 16) == curve.size_factor(tensors)
+
+
+def test_fsdp2_pays_dtensor_dispatch_per_tensor():
+    """FSDP2's shards are DTensors: the step costs the measured dispatch per tensor on top of the
+    plain for-loop, and a plan without fully_shard does not pay it."""
+    tensors = _llama_1b_rank_shards(2)
+    plain = HostSide.of(lent_host(), Plan(cpu_threads=1))
+    fsdp2 = HostSide.of(lent_host(), Plan(cpu_threads=1, fsdp2=True))
+    impl = CpuOptimizer.TORCH_FORLOOP
+    params = sum(n * c for n, c in zip(tensors[::2], tensors[1::2]))
+    extra = fsdp2.cpu_optimizer_time(params, impl, tensors) - plain.cpu_optimizer_time(params, impl, tensors)
+    assert extra == pytest.approx(146 * curve_of(impl).dtensor_s_per_tensor[0][1])
+    assert not plain.dtensor and fsdp2.dtensor
+
+
+def test_prices_a_rank_of_the_two_gpu_fsdp2_step_as_the_microbenchmark_measured_it():
+    """Held-out check inside the microbenchmark: one rank's whole 1B DTensor list at world size 2,
+    one thread, both ranks stepping at once, against what the per-shape rows and the dispatch price
+    (the rows come from lists of one shape each, not from this list)."""
+    rows = [json.loads(line) for rank in (0, 1)
+            for line in (ADAMW_SHAPES / f"call2_adamw_shapes_ws2_rank{rank}.jsonl").read_text().splitlines()]
+    measured = [r["adamw_s"] for r in rows if r["what"] == "whole_1b"]
+    assert len(measured) == 2
+    tensors = _llama_1b_rank_shards(2)
+    side = HostSide.of(lent_host(32), Plan(gpus=2, gpus_per_node=2, fsdp2=True))
+    assert side.adam_threads == 1  # torchrun's OMP_NUM_THREADS=1 per rank
+    params = sum(n * c for n, c in zip(tensors[::2], tensors[1::2]))
+    predicted = side.cpu_optimizer_time(params, CpuOptimizer.TORCH_FORLOOP, tensors)
+    for m in measured:
+        assert predicted == pytest.approx(m, rel=0.10)
+
+
+@pytest.mark.parametrize("value", [[[1, []]], [[0, [[1024, 1e6]]]], [[1, [[1024, -1.0]]]], [[1, 5]], [5]])
+def test_malformed_size_rows_are_refused(value):
+    from ghsim.cost.cpu_optimizer import _size_rows
+    from ghsim.errors import GhsimError
+    with pytest.raises(GhsimError, match="tensor-size rates"):
+        _size_rows({"params_per_s_by_tensor_elements_by_threads": {"value": value, "source": "test"}}, "t")

@@ -10,10 +10,15 @@ threads), so each implementation carries its own measured curve:
 
 On another host, or with fewer cores per GPU, the rate is the smaller of the
 curve at that thread count and the host's streaming bandwidth share over those
-bytes. Both scale with the model's tensor sizes: each implementation's rate at
-16 threads by elements per tensor, relative to the size its thread curve was
-measured at (torch's for-each and for-loop passes run 0.7x-1.3x that rate
-across 1M-64M-element tensors). Figures:
+bytes. Both scale with the model's tensor sizes: each implementation's rate by
+elements per tensor, relative to the size its thread curve was measured at
+(torch's for-each and for-loop passes run 0.7x-2.2x that rate across
+1M-400M-element tensors), at 16 threads or, where measured, at several thread
+counts (the for-loop's fresh temporaries fault their pages in on one thread as
+on sixteen, so its size profile differs by thread count).
+
+torch's optimizers over DTensors (FSDP2's sharded parameters) also pay DTensor's
+dispatch per tensor, a fixed host time besides the per-element rate. Figures:
 hardware_profiles/calibration/cpu_optimizers.toml, each sourced.
 """
 
@@ -31,6 +36,8 @@ from ghsim.plan import CpuOptimizer
 # Bytes one fp32 AdamW update must stream (read param, grad, m, v; write param, m, v): what a
 # profile's bandwidth-derived adamw_params_per_s counts per parameter.
 ADAMW_STREAM_BYTES = 28
+# the thread count of the reference host's rates by tensor size where a table gives one row (its all 16)
+REFERENCE_THREADS = 16
 TABLE = repo_root() / "hardware_profiles" / "calibration" / "cpu_optimizers.toml"
 
 
@@ -42,17 +49,45 @@ def _log2_interpolate(xs: tuple[float, ...], ys: tuple[float, ...], x: float) ->
     raise AssertionError("unreachable: x lies within ascending xs")
 
 
+def _log2_between(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """The value of ascending (x, y) points at x, interpolated in log2(x), held flat beyond the ends."""
+    xs, ys = tuple(p[0] for p in points), tuple(p[1] for p in points)
+    return ys[0] if x <= xs[0] else ys[-1] if x >= xs[-1] else _log2_interpolate(xs, ys, x)
+
+
+@dataclass(frozen=True)
+class SizeRow:
+    """An implementation's rate by elements per tensor (ascending), measured at `threads` threads."""
+    threads: int
+    elements: tuple[float, ...]
+    rates: tuple[float, ...]
+
+    def at(self, n: float) -> float:
+        return _log2_between(tuple(zip(self.elements, self.rates)), n)
+
+
 @dataclass(frozen=True)
 class CpuOptimizerCurve:
     impl: CpuOptimizer
     threads: tuple[int, ...]  # ascending
     params_per_s: tuple[float, ...]  # measured at those thread counts on the reference host
     bytes_per_param: float
-    # the rate at 16 threads by elements per tensor (ascending), and the tensor size the thread
-    # curve was measured at: a model's tensors are priced relative to it
-    elements: tuple[float, ...] = ()
-    rate_by_elements: tuple[float, ...] = ()
+    # the rate by elements per tensor at one or more thread counts (ascending threads), and the
+    # tensor size the thread curve was measured at: a model's tensors are priced relative to it
+    size_rows: tuple[SizeRow, ...] = ()
     curve_elements: float = 0.0
+    # seconds of DTensor dispatch per tensor, by thread count ((threads, s) ascending): what the
+    # same step over DTensors takes beyond plain tensors
+    dtensor_s_per_tensor: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def elements(self) -> tuple[float, ...]:
+        """The sizes of the row at the most threads (the reference host's all-thread row)."""
+        return self.size_rows[-1].elements if self.size_rows else ()
+
+    @property
+    def rate_by_elements(self) -> tuple[float, ...]:
+        return self.size_rows[-1].rates if self.size_rows else ()
 
     def measured_rate(self, threads: int) -> float:
         """The curve at `threads`: interpolated in log2(threads); below the first point
@@ -68,25 +103,38 @@ class CpuOptimizerCurve:
         """params/s with `threads` threads on a host that streams `stream_bandwidth` bytes/s to them."""
         return min(self.measured_rate(threads), stream_bandwidth / self.bytes_per_param)
 
-    def _at_elements(self, n: float) -> float:
-        es, rs = self.elements, self.rate_by_elements
-        return rs[0] if n <= es[0] else rs[-1] if n >= es[-1] else _log2_interpolate(es, rs, n)
-
-    def size_factor(self, tensors: tuple[float, ...]) -> float:
+    def size_factor(self, tensors: tuple[float, ...], threads: int = 0) -> float:
         """How much faster than the curve this implementation steps a model whose tensors are
-        `tensors` ((elements, count) pairs, flattened): the parameter-weighted harmonic mean of its
-        rate at each size over its rate at the curve's size. DeepSpeedCPUAdam steps flat partitions:
-        its largest measured size. 1.0 without tensors (the curve's own size) or measurements."""
-        if not self.elements or not self.curve_elements or not tensors:
+        `tensors` ((elements, count) pairs, flattened) on `threads` threads: the parameter-weighted
+        harmonic mean of its rate at each size over its rate at the curve's size, per measured
+        thread count, interpolated in log2(threads) between them (the nearest beyond them; 0: the
+        most threads measured). DeepSpeedCPUAdam steps flat partitions: its largest measured size.
+        1.0 without tensors (the curve's own size) or measurements."""
+        if not self.size_rows or not self.curve_elements or not tensors:
             return 1.0
-        ref = self._at_elements(self.curve_elements)
         if self.impl == CpuOptimizer.DEEPSPEED:
-            return self.rate_by_elements[-1] / ref
+            row = self.size_rows[-1]
+            return row.rates[-1] / row.at(self.curve_elements)
         pairs = list(zip(tensors[::2], tensors[1::2]))
         params = sum(n * c for n, c in pairs)
         if params <= 0:
             return 1.0
-        return params / sum(n * c * ref / self._at_elements(n) for n, c in pairs)
+
+        def factor(row: SizeRow) -> float:
+            ref = row.at(self.curve_elements)
+            return params / sum(n * c * ref / row.at(n) for n, c in pairs)
+        by_threads = tuple((row.threads, factor(row)) for row in self.size_rows)
+        return _log2_between(by_threads, threads or self.size_rows[-1].threads)
+
+    def dispatch_seconds_per_param(self, tensors: tuple[float, ...], threads: int) -> float:
+        """DTensor dispatch spread over the parameters of `tensors`: per tensor, as measured at
+        `threads` (interpolated in log2(threads)), times the tensors over their parameters.
+        0 without tensors or a measurement."""
+        pairs = list(zip(tensors[::2], tensors[1::2]))
+        params = sum(n * c for n, c in pairs)
+        if not self.dtensor_s_per_tensor or params <= 0:
+            return 0.0
+        return _log2_between(self.dtensor_s_per_tensor, max(1, threads)) * sum(c for _, c in pairs) / params
 
 
 @dataclass(frozen=True)
@@ -110,17 +158,37 @@ def cpu_optimizer_table() -> tuple[ReferenceHost, dict[CpuOptimizer, CpuOptimize
         if not points or any(len(p) != 2 or p[0] < 1 or p[1] <= 0 for p in points):
             raise GhsimError(f"{where} [{name}]: params_per_s_by_threads must be [threads, rate] pairs")
         points = sorted(points)
-        sizes = sorted(t.get("params_per_s_by_tensor_elements", {}).get("value", []))
-        if any(len(p) != 2 or p[0] < 1 or p[1] <= 0 for p in sizes):
-            raise GhsimError(f"{where} [{name}]: params_per_s_by_tensor_elements must be [elements, rate] pairs")
+        rows = _size_rows(t, f"{where} [{name}]")
+        dispatch = sorted(t.get("dtensor_s_per_tensor_by_threads", {}).get("value", []))
+        if any(len(p) != 2 or p[0] < 1 or p[1] < 0 for p in dispatch):
+            raise GhsimError(f"{where} [{name}]: dtensor_s_per_tensor_by_threads must be [threads, seconds] pairs")
         curves[impl] = CpuOptimizerCurve(impl, tuple(int(p[0]) for p in points), tuple(float(p[1]) for p in points),
-                                         sourced(t, "bytes_per_param", f"{where} [{name}]"),
-                                         tuple(float(p[0]) for p in sizes), tuple(float(p[1]) for p in sizes),
-                                         sourced(t, "curve_tensor_elements", f"{where} [{name}]") if sizes else 0.0)
+                                         sourced(t, "bytes_per_param", f"{where} [{name}]"), rows,
+                                         sourced(t, "curve_tensor_elements", f"{where} [{name}]") if rows else 0.0,
+                                         tuple((float(a), float(b)) for a, b in dispatch))
     missing = set(CpuOptimizer) - {CpuOptimizer.AUTO} - set(curves)
     if missing:
         raise GhsimError(f"{where}: no measurement for {', '.join(sorted(missing))}")
     return host, curves
+
+
+def _size_rows(t: dict, where: str) -> tuple[SizeRow, ...]:
+    """An implementation's rates by tensor size: `params_per_s_by_tensor_elements` ([elements, rate]
+    pairs at the reference host's 16 threads), or `..._by_threads` ([threads, [[elements, rate], ...]])
+    where several thread counts were measured."""
+    by_threads = t.get("params_per_s_by_tensor_elements_by_threads", {}).get("value")
+    if by_threads is None:
+        sizes = t.get("params_per_s_by_tensor_elements", {}).get("value", [])
+        by_threads = [[REFERENCE_THREADS, sizes]] if sizes else []
+    rows = []
+    for entry in by_threads:
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list) and entry[0] >= 1
+        pairs = sorted(entry[1]) if ok else []
+        if not pairs or any(len(p) != 2 or p[0] < 1 or p[1] <= 0 for p in pairs):
+            raise GhsimError(f"{where}: tensor-size rates must be [elements, rate] pairs (by threads: "
+                             "[threads, [[elements, rate], ...]])")
+        rows.append(SizeRow(int(entry[0]), tuple(float(p[0]) for p in pairs), tuple(float(p[1]) for p in pairs)))
+    return tuple(sorted(rows, key=lambda r: r.threads))
 
 
 def cpu_optimizer_rate(impl: CpuOptimizer, threads: int, stream_bandwidth: float, tensors: tuple[float, ...] = ()
@@ -130,7 +198,7 @@ def cpu_optimizer_rate(impl: CpuOptimizer, threads: int, stream_bandwidth: float
     The tensor sizes scale the curve and its streaming roof alike (bytes_per_param is effective:
     derived from the same host's 16-thread rate, whose tensor size the factor is relative to)."""
     curve = curve_of(impl)
-    return curve.rate(max(1, threads), stream_bandwidth) * curve.size_factor(tensors)
+    return curve.rate(max(1, threads), stream_bandwidth) * curve.size_factor(tensors, max(1, threads))
 
 
 def curve_of(impl: CpuOptimizer) -> CpuOptimizerCurve:

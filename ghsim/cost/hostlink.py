@@ -34,6 +34,7 @@ from ghsim.graph.ops import Kind
 from ghsim.cost.cpu_optimizer import (
     ADAMW_STREAM_BYTES,
     cpu_optimizer_rate,
+    curve_of,
     per_thread_bandwidth,
     foreach_norm_bandwidth,
 )
@@ -69,6 +70,8 @@ class HostSide:
     # x86 pace would contradict
     worker_process: bool = False
     sub_group: float = DEEPSPEED_SUB_GROUP  # parameters handed to the worker at once (sub_group_size)
+    # FSDP2 (fully_shard): the optimizer steps DTensors, each paying DTensor's dispatch on the host
+    dtensor: bool = False
 
     @staticmethod
     def of(hw: "Hardware", plan: "Plan | None" = None, cal: "Calibration | None" = None) -> "HostSide":
@@ -82,7 +85,7 @@ class HostSide:
             return side
         opt, main = optimizer_threads(plan, side.cores_per_gpu, node)
         worker = plan.offload_schedule == OffloadSchedule.SUPEROFFLOAD and not hw.host_link.is_c2c
-        return HostSide(hw, sharers, node, opt, main, worker, plan.sub_group_size)
+        return HostSide(hw, sharers, node, opt, main, worker, plan.sub_group_size, plan.fsdp2)
 
     # --- the link ---------------------------------------------------------------
     def host_memory_rate(self) -> float:
@@ -132,10 +135,15 @@ class HostSide:
         share = self.hw.cpu.adamw_params_per_s * ADAMW_STREAM_BYTES / self.cpu_sharers
         return min(share, max(1, threads) * per_thread_bandwidth())
 
+    @property
+    def adam_threads(self) -> int:
+        """Threads one GPU's CPU optimizer runs on."""
+        return self.optimizer_threads or self.cores_per_gpu
+
     def cpu_adamw_rate(self, impl: str = CpuOptimizer.DEEPSPEED, tensors: tuple[float, ...] = ()) -> float:
         """AdamW params/s of `impl` on the threads one GPU's CPU optimizer gets, over tensors of the
         given sizes ((elements, count) pairs, flattened; cost/cpu_optimizer.py)."""
-        threads = self.optimizer_threads or self.cores_per_gpu
+        threads = self.adam_threads
         rate = cpu_optimizer_rate(CpuOptimizer(impl), threads, self._stream_bandwidth(threads), tensors)
         return rate * superoffload_worker_pace()[0] if self.worker_process else rate
 
@@ -144,7 +152,9 @@ class HostSide:
         if params <= 0:
             return 0.0
         handoff = superoffload_worker_pace()[1] * params / self.sub_group if self.worker_process else 0.0
-        return params / self.cpu_adamw_rate(impl, tensors) + handoff
+        dispatch = curve_of(CpuOptimizer(impl)).dispatch_seconds_per_param(
+            tensors, self.adam_threads) if self.dtensor else 0.0
+        return params / self.cpu_adamw_rate(impl, tensors) + params * dispatch + handoff
 
     def cpu_stream_rate(self) -> float:
         """Bytes/s the training process's own host work (a cast, an accumulation) streams."""
