@@ -77,3 +77,16 @@ def test_cuda_graph_plans_say_which_measured_peak_their_hbm_is():
     graphs = simulate(MODEL, H100, PLAN.with_(compile=True, cuda_graphs=True))
     assert any("recording" in n and "max_memory_allocated" in n for n in graphs.notes)
     assert not any("recording" in n for n in simulate(MODEL, H100, PLAN.with_(compile=True)).notes)
+
+
+def test_reduce_overhead_copies_the_logits_zero_gradient_into_its_pool():
+    """cudagraph trees copy the backward's one non-static input, the zero gradient autograd materialises
+    for the logits output, into their pool: recording holds it twice (HBM), every replay copies it (time)."""
+    lora = PLAN.with_(lora_rank=16, lora_targets=("q_proj", "v_proj"), micro_batch=2)  # activations set the peak
+    compiled = simulate(MODEL, H100, lora.with_(compile=True))
+    graphs = simulate(MODEL, H100, lora.with_(compile=True, cuda_graphs=True))
+    logits = lora.micro_batch * lora.seq * MODEL.vocab_size * 2
+    copies = [op for op in graphs.timeline.ops if op.name == "cudagraph.input_copy"]
+    assert [op.bytes for op in copies] == [2 * logits]
+    assert not any(op.name == "cudagraph.input_copy" for op in compiled.timeline.ops)
+    assert graphs.hbm.peak_bytes == pytest.approx(compiled.hbm.peak_bytes + logits, rel=1e-6)

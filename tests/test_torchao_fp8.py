@@ -98,20 +98,24 @@ def test_compiled_float8_keeps_no_fp8_input_and_tensorwise_recreates_it_in_backw
 
 def test_eager_torchao_launches_cost_the_plain_path_times_the_measured_ratio():
     """torchao's eager float8 layers launch many more kernels at about the plain eager path's host cost
-    per launch (host15c: x1.04-1.15 on one host), not at our harness's per-op quantisation's."""
+    per launch (interleave15: x1.13-1.23 on one host), not at our harness's per-op quantisation's; a rowwise
+    step costs the host more than a tensorwise one (it runs tensorwise's casts and more)."""
     from ghsim.cost.calibration import load_calibration
     from ghsim.cost.compute import LaunchCosts
     from ghsim.cost.library_overheads import torchao_eager_launch_ratio
 
     cal = load_calibration(H100.calibration)
     plain = LaunchCosts.of(H100, cal, BF16)
-    per_launch = {}
+    host = {}
     for recipe in ("tensorwise", "rowwise"):
-        ao = LaunchCosts.of(H100, cal, FP8.with_(fp8_recipe=recipe))
+        plan = FP8.with_(fp8_recipe=recipe)
+        ao = LaunchCosts.of(H100, cal, plan)
         fwd, bwd = torchao_eager_launch_ratio(recipe)
         assert (ao.fwd_s, ao.bwd_s, ao.opt_s) == pytest.approx((plain.fwd_s * fwd, plain.bwd_s * bwd, plain.opt_s))
-        per_launch[recipe] = ao.fwd_s + ao.bwd_s
-    assert per_launch["rowwise"] > per_launch["tensorwise"] > plain.fwd_s + plain.bwd_s
+        assert ao.fwd_s > plain.fwd_s and ao.bwd_s > plain.bwd_s
+        host[recipe] = sum(op.kernels * ao.per_kernel(op.phase) for op in simulate(MODEL, H100, plan).timeline.ops
+                           if op.resource == "gpu" and op.phase in ("fwd", "bwd"))
+    assert host["rowwise"] > host["tensorwise"]
     harness = LaunchCosts.of(H100, cal, BF16.with_(precision=Precision.FP8))  # no recipe: our harness's fp8
     assert harness.bwd_s == pytest.approx(cal.framework_overhead[LaunchCosts.FP8][1] * H100.host_path_factor)
     compiled = LaunchCosts.of(H100, cal, FP8.with_(compile=True))

@@ -22,7 +22,7 @@ inductor_regions.toml, from validation/microbench/issue15/compile_regions.json):
 
 from __future__ import annotations
 
-from ghsim.graph.dtypes import DOWNCAST, UPCAST, inductor
+from ghsim.graph.dtypes import DOWNCAST, UPCAST, dtyped, inductor
 from ghsim.graph.eager_layer import EagerLayer
 from ghsim.graph.kernels import SDPA_BWD_KERNELS
 from ghsim.graph.layer_ops import LayerOps, Projection
@@ -187,9 +187,23 @@ def compiled_cross_entropy_fwd(b: LayerOps, T: int, V: int, act: int) -> None:
 def compiled_cross_entropy_bwd(b: LayerOps, T: int, V: int, act: int) -> None:
     """The softmax gradient recomputed from the logits and the log-sum-exp, written in the logits' dtype:
     HF's loss backward fills a zero gradient buffer (T x V) that the fused kernel reads with the logits;
-    the logits and the new gradient are both held while it runs (the microbenchmark's peak)."""
+    the logits and the new gradient are both held while it runs (the microbenchmark's peak).
+
+    That buffer is the gradient autograd materialises for the logits output, which the loss does not use
+    (AOTAutograd does not set_materialize_grads(False): torch/_functorch/_aot_autograd/runtime_wrappers.py,
+    Note [AOTAutograd Backward Guards]). Under mode="reduce-overhead" the backward graph's recording copies
+    every input that is neither static nor already in the graphs' pool into that pool
+    (torch/_inductor/cudagraph_trees.py, CUDAGraphNode._allocate_and_copy_recording_inputs: "static_input
+    does an allocation!"), while the backward call's arguments still hold the original: a second T x V
+    buffer, held until the kernel that reads it; every replay copies the new zeros into it
+    (CUDAGraphNode.run, _copy_input: the 3B reduce-overhead trace's one large Memcpy DtoD, 525,336,576
+    bytes = 2048 x 128256 x 2, 347 us)."""
+    pool_copy = T * V * act if b.plan.cuda_graphs else 0
+    if pool_copy:
+        b.mem("cudagraph.input_copy", dtyped("copy", act), 2 * pool_copy, 1, Category.ELEMENTWISE)
     b.mem("cross_entropy.bwd", inductor("cross_entropy_bwd"), 4 * T * V * act + T * 4, INDUCTOR_CE_BWD_KERNELS,
-          Category.NORM_REDUCTION, creates={"g_logits": T * V * act}, frees=["logits", "lse"], transient=T * V * act)
+          Category.NORM_REDUCTION, creates={"g_logits": T * V * act}, frees=["logits", "lse"],
+          transient=T * V * act + pool_copy)
 
 
 def compiled_final_norm_bwd(b: LayerOps, creates: dict[str, float], frees: list[str]) -> None:

@@ -1,5 +1,6 @@
 """Host seconds per launch of torchao's eager float8 layers against the bf16 layer on the same host
-(validation/microbench/issue15/*-host15c.json, written by host15c.py).
+(validation/microbench/issue15/*-host15c.json, written by host15c.py; *-interleave15-*.json, written by
+interleave15.py: the same tiny models in interleaved rounds, and the eager float8 cases against bf16).
 
     python validation/harness/fp8_compile/report15c.py [FILE ...]
 
@@ -10,6 +11,7 @@ ratio of a recipe's figure to bf16's is what ghsim applies to its plain eager pe
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,10 +41,73 @@ def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
     return {r: {p: us[r][p] / us["bf16"][p] for p in PHASES} for r in us if r != "bf16"}
 
 
+def lower_quartile(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=4, method="inclusive")[0]
+
+
+def interleaved_rows(d: dict, rounds: list[dict], stat=statistics.median) -> list[dict]:
+    """interleave15.py's host rounds as host15c rows: per (recipe, depth) `stat` (median, lower_quartile) of
+    the host seconds per phase over every step of `rounds`, with the launches of its profiled step."""
+    rows = []
+    for key, launches in d["host"]["launches"].items():
+        recipe, depth = key.rsplit("-L", 1)
+        samples = [s for rd in rounds for s in rd["rows"][key].get("samples", [
+            (rd["rows"][key]["fwd_host_s"], rd["rows"][key]["bwd_host_s"], rd["rows"][key]["opt_host_s"])])]
+        rows.append({"recipe": recipe, "layers": int(depth), "hidden": 256, "launches": launches["launches"],
+                     **{f"{p}_host_s": stat([s[i] for s in samples]) for i, p in enumerate(PHASES)}})
+    return rows
+
+
+def interleaved_ratios(d: dict, stat=statistics.median, groups: int = 4) -> tuple[dict, list[dict]]:
+    """The float8 / bf16 ratios per launch over all rounds, and over `groups` consecutive groups of rounds
+    (their spread; a call of fewer rounds than groups: each round alone)."""
+    rounds = d["host"]["rounds"]
+    n = len(rounds) // groups if len(rounds) >= 2 * groups else 1
+    parts = [rounds[i:i + n] for i in range(0, len(rounds) - n + 1, n)]
+    return ratios(interleaved_rows(d, rounds, stat)), [ratios(interleaved_rows(d, p, stat)) for p in parts]
+
+
+def case_ratios(d: dict) -> dict[str, dict[str, list[float]]]:
+    """size -> recipe -> the float8 step over the bf16 step of the same round, per round."""
+    out = {}
+    for size, c in d.get("cases", {}).items():
+        for rd in c.get("rounds", []):
+            b = rd["blocks"]
+            for r in ("tensorwise", "rowwise"):
+                out.setdefault(size, {}).setdefault(r, []).append(b[r]["step_s"] / b["bf16"]["step_s"])
+    return out
+
+
+def report_interleaved(d: dict) -> None:
+    for label, stat in (("median", statistics.median), ("lower quartile", lower_quartile)):
+        if stat is lower_quartile and "samples" not in d["host"]["rounds"][0]["rows"]["bf16-L2"]:
+            continue  # call 1 kept one median per round: no quartile of its steps
+        for recipe, ph in sorted(per_layer(interleaved_rows(d, d["host"]["rounds"], stat)).items()):
+            print(f"  {label:14s} {recipe:10s} " + "  ".join(
+                f"{p}: {s * 1e3:6.2f} ms / {k:5.0f} launches = {s / k * 1e6:5.1f} us" for p, (s, k) in ph.items()))
+        allr, parts = interleaved_ratios(d, stat)
+        for recipe in ("tensorwise", "rowwise"):
+            spread = {p: (min(x[recipe][p] for x in parts), max(x[recipe][p] for x in parts)) for p in PHASES}
+            print(f"  {label:14s} {recipe:10s} / bf16 per launch, all rounds: " + ", ".join(
+                f"{p} {allr[recipe][p]:.3f} (groups {spread[p][0]:.3f}-{spread[p][1]:.3f})" for p in PHASES))
+    for size, by in case_ratios(d).items():
+        c = d["cases"][size]
+        steps = {r: statistics.median(rd["blocks"][r]["step_s"] for rd in c["rounds"]) for r in c["rounds"][0]["blocks"]}
+        print(f"  case {size}: median step " + ", ".join(f"{r} {t:.4f} s" for r, t in steps.items()) + "; ratio per round "
+              + "; ".join(f"{r} median {statistics.median(v):.3f}, {min(v):.3f}-{max(v):.3f} "
+                          f"({100 * (max(v) - min(v)):.0f} points)" for r, v in by.items()))
+    for c in d.get("fresh", {}).get("cases", []):
+        print(f"  fresh {c.get('name', c['key'])}: {c.get('step_time_s')} s")
+
+
 def main() -> None:
-    files = [Path(f) for f in sys.argv[1:]] or sorted(DIR.glob("*-host15c*.json"))
+    files = [Path(f) for f in sys.argv[1:]] or sorted(DIR.glob("*-host15c*.json")) + sorted(DIR.glob("*-interleave15-*.json"))
     for f in files:
         d = json.loads(f.read_text())
+        if "host" in d:
+            print(f"== {f.name}: {d['gpu']}, {d['cpus']} CPUs, interleaved, started {d['machine_start']['date'].strip()}")
+            report_interleaved(d)
+            continue
         print(f"== {f.name}: {d['gpu']}, {d.get('cpu_model')}, {d['cpus']} CPUs")
         for r in d.get("real", []):
             if "error" not in r:
