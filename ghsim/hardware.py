@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -98,6 +98,9 @@ class Hardware:
     tp_collective_call_s: float = 0.0
     source_file: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # what the user said about their host (--host-cores, --host-memory-gb) as profile overrides: a
+    # node of the same superchip that node_profile_for picks instead carries them too
+    user_overrides: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -284,9 +287,10 @@ def load_hardware(name_or_path: str, overrides: dict[str, Any] | None = None) ->
                 "or pass a path to a profile .toml)"
             )
     d = read_toml(path)
-    if overrides:
-        d = apply_overrides(d, overrides, str(path))
-    return hardware_from_dict(d, str(path))
+    if not overrides:
+        return hardware_from_dict(d, str(path))
+    hw = hardware_from_dict(apply_overrides(d, overrides, str(path)), str(path))
+    return replace(hw, user_overrides=dict(overrides))
 
 
 def _count(table: dict[str, Any], key: str, where: str) -> int:
@@ -313,7 +317,7 @@ def same_gpu_node_kinds(hw: Hardware) -> list[Hardware]:
     for name in profile_names():
         if name == hw.name:
             continue
-        other = load_hardware(name)
+        other = load_hardware(name, hw.user_overrides)
         if (other.gpu_model, other.hbm.capacity_bytes, other.host_link.kind) == (
                 hw.gpu_model, hw.hbm.capacity_bytes, hw.host_link.kind):
             same.append(other)

@@ -40,7 +40,7 @@ NUMBERS = ["nan", "NaN", "inf", "-inf", "1e400", "-1e400", "-1", "0", "-0", "1e-
            "[1]", "1,2", "4096", "1", "2", "8"]
 INT_FLAGS = ["--gpus", "--gpus-per-node", "--seq", "--micro-batch", "--global-batch", "--zero", "--tp", "--pp",
              "--ep", "--pp-interleave", "--lora-rank", "--dataloader-workers", "--cpu-threads", "--host-cores"]
-FLOAT_FLAGS = ["--offload-ratio", "--batch-prep-ms", "--cpu-cores-share"]
+FLOAT_FLAGS = ["--offload-ratio", "--batch-prep-ms", "--cpu-cores-share", "--host-memory-gb"]
 CHOICE_FLAGS = {"--precision": ["fp32", "tf32", "bf16", "fp16", "fp8"], "--recompute": ["none", "selective", "full"],
                 "--offload": ["optimizer", "grads,optimizer", "params,optimizer", "activations", "none", "bogus,,"],
                 "--offload-schedule": ["auto", "sync", "overlapped", "superoffload"],

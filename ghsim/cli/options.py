@@ -142,6 +142,9 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
                           "each layer's parameters up on the compute stream, serialised with the layer's kernels."),
         click.option("--host-cores", type=INT, default=None,
                      help="CPU cores of the host (node) you have, e.g. 16 for a 16-vCPU VM (default: the profile's)."),
+        click.option("--host-memory-gb", type=FLOAT, default=None,
+                     help="Host memory (GB) of the node you have, e.g. 128 for a cloud VM (default: the profile's): "
+                          "what offloaded state must fit in."),
         click.option("--framework", type=click.Choice(["torch-amp", "fsdp-mixed", "deepspeed", "megatron",
                                                        "megatron-legacy"]), default=None,
                      help="Whose precision semantics and kernels the step follows: torch-amp (fp32 params, "
@@ -174,15 +177,20 @@ FLAG_TO_FIELD = {
 
 
 def load_hardware_for(name: str, kw: dict[str, Any]):
-    """The hardware profile `name` with the host the user says they have (--host-cores)."""
+    """The hardware profile `name` with the host the user says they have (--host-cores, --host-memory-gb)."""
     from ghsim.hardware import load_hardware
 
-    cores = kw.get("host_cores")
-    if cores is None:
-        return load_hardware(name)
-    if cores < 1:
-        raise GhsimError(f"--host-cores must be at least 1, got {cores}")
-    return load_hardware(name, {"cpu.cores": {"value": cores, "source": "stated by the user (--host-cores)"}})
+    overrides = {}
+    cores, memory_gb = kw.get("host_cores"), kw.get("host_memory_gb")
+    if cores is not None:
+        if cores < 1:
+            raise GhsimError(f"--host-cores must be at least 1, got {cores}")
+        overrides["cpu.cores"] = {"value": cores, "source": "stated by the user (--host-cores)"}
+    if memory_gb is not None:
+        if memory_gb <= 0:
+            raise GhsimError(f"--host-memory-gb must be positive, got {memory_gb:g}")
+        overrides["memory.host.capacity_gb"] = {"value": memory_gb, "source": "stated by the user (--host-memory-gb)"}
+    return load_hardware(name, overrides or None)
 
 
 TARGET_KEYS = ("model", "hardware")  # what a saved plan.toml records beside the plan's own fields
