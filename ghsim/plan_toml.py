@@ -11,6 +11,9 @@ from typing import Any
 from ghsim.hardware import Hardware
 from ghsim.plan import Plan
 
+# plan-file key -> the profile figure it states (ghsim.cli.options reads them back)
+HOST_FIGURES = {"host_cores": "cpu.cores", "host_memory_gb": "memory.host.capacity_gb"}
+
 
 def _value(v: Any) -> str:
     if isinstance(v, Enum):
@@ -43,6 +46,9 @@ def plan_to_toml(plan: Plan, comment: str = "", model: str = "", hardware: Hardw
         lines.append(f"model = {_value(_where(model))}")
     if hardware is not None:
         lines.append(f"hardware = {_value(_where(hardware_name or hardware.name))}")
+        for key, figure in HOST_FIGURES.items():  # the host the user stated (--host-cores, --host-memory-gb)
+            if figure in hardware.user_overrides:
+                lines.append(f"{key} = {_value(hardware.user_overrides[figure]['value'])}")
     for f in fields(plan):
         v = getattr(plan, f.name)
         if f.name == "global_batch":

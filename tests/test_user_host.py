@@ -43,3 +43,22 @@ def test_stated_host_memory_decides_what_fits():
 def test_bad_host_memory_is_one_line(value):
     res = _simulate("--model", "llama-3-8b", "--host-memory-gb", value)
     assert res.exit_code == 2 and "--host-memory-gb must be positive" in res.output and "Traceback" not in res.output
+
+
+def test_a_saved_plan_keeps_the_stated_host(tmp_path):
+    saved = tmp_path / "p.toml"
+    res = CliRunner().invoke(main, ["plan", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--gpus", "1",
+                                    "--host-cores", "16", "--host-memory-gb", "100", "--time-limit", "1",
+                                    "--save-plan", str(saved)])
+    assert res.exit_code == 0, res.output
+    assert "host_cores = 16" in saved.read_text() and "host_memory_gb = 100.0" in saved.read_text()
+    text = CliRunner().invoke(main, ["simulate", "--plan", str(saved)]).output
+    assert "of 100 GB per node" in text
+    assert _simulate("--plan", str(saved), "--host-memory-gb", "1").exit_code == 2  # the flag wins: nothing fits
+
+
+def test_a_bad_host_figure_in_a_plan_file_is_one_line(tmp_path):
+    bad = tmp_path / "p.toml"
+    bad.write_text('model = "llama-2-7b"\nhardware = "h100-sxm"\nhost_cores = "many"\n')
+    res = _simulate("--plan", str(bad))
+    assert res.exit_code == 2 and "'host_cores' must be a number" in res.output and "Traceback" not in res.output

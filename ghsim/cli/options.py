@@ -12,6 +12,7 @@ import click
 from ghsim.errors import GhsimError
 from ghsim.graph.offload.setup import library_refusal
 from ghsim.plan import CpuOptimizer
+from ghsim.plan_toml import HOST_FIGURES
 
 
 class FiniteFloat(click.ParamType):
@@ -176,24 +177,34 @@ FLAG_TO_FIELD = {
 }
 
 
+HOST_KEYS = HOST_FIGURES  # the host the user says they have: flag/plan-file key -> the profile figure it states
+
+
 def load_hardware_for(name: str, kw: dict[str, Any]):
-    """The hardware profile `name` with the host the user says they have (--host-cores, --host-memory-gb)."""
+    """The hardware profile `name` with the host the user says they have (--host-cores, --host-memory-gb;
+    else what a --plan file records)."""
     from ghsim.hardware import load_hardware
 
+    recorded = _plan_file(kw)
     overrides = {}
-    cores, memory_gb = kw.get("host_cores"), kw.get("host_memory_gb")
-    if cores is not None:
-        if cores < 1:
-            raise GhsimError(f"--host-cores must be at least 1, got {cores}")
-        overrides["cpu.cores"] = {"value": cores, "source": "stated by the user (--host-cores)"}
-    if memory_gb is not None:
-        if memory_gb <= 0:
-            raise GhsimError(f"--host-memory-gb must be positive, got {memory_gb:g}")
-        overrides["memory.host.capacity_gb"] = {"value": memory_gb, "source": "stated by the user (--host-memory-gb)"}
+    for key, figure in HOST_KEYS.items():
+        flag = "--" + key.replace("_", "-")
+        value = kw.get(key) if kw.get(key) is not None else recorded.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GhsimError(f"{kw.get('plan_file')}: '{key}' must be a number, got {value!r}")
+        if key == "host_cores" and value < 1:
+            raise GhsimError(f"{flag} must be at least 1, got {value:g}")
+        if key == "host_cores" and value != int(value):
+            raise GhsimError(f"{flag} must be a whole number, got {value:g}")
+        if value <= 0:
+            raise GhsimError(f"{flag} must be positive, got {value:g}")
+        overrides[figure] = {"value": value, "source": f"stated by the user ({flag})"}
     return load_hardware(name, overrides or None)
 
 
-TARGET_KEYS = ("model", "hardware")  # what a saved plan.toml records beside the plan's own fields
+TARGET_KEYS = ("model", "hardware", *HOST_KEYS)  # what a saved plan.toml records beside the plan's own fields
 DEFAULT_HARDWARE = "gh200-96gb"
 
 
@@ -238,7 +249,7 @@ def model_and_hardware(kw: dict[str, Any], hardware_flag: str | None) -> tuple[s
     --save-plan), else the default part. A --hardware that differs from the plan file's is an
     override (documented in --plan's help) and noted on stderr."""
     recorded = _plan_file(kw)
-    for key in TARGET_KEYS:
+    for key in ("model", "hardware"):
         if key in recorded and not (isinstance(recorded[key], str) and recorded[key]):
             raise GhsimError(f"{kw['plan_file']}: '{key}' must be a name or path")
     model = kw.get("model_name") or recorded.get("model")
