@@ -11,6 +11,7 @@ ratio of a recipe's figure to bf16's is what ghsim applies to its plain eager pe
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -128,6 +129,20 @@ def report_clean(d: dict) -> None:
             print(f"    {label:14s} per launch: " + "; ".join(f"{r} {v}" for r, v in sorted(us.items())))
             print(f"    {label:14s} / bf16: " + "; ".join(
                 f"{r} " + " / ".join(f"{v:.3f}" for v in rr.values()) for r, rr in sorted(ratios(rows).items())))
+        print("    minimum / bf16, 10th-90th percentile of 2000 resamples of the rounds: " + "; ".join(
+            f"{r} " + " / ".join(f"{lo:.3f}-{hi:.3f}" for lo, hi in ph.values()) for r, ph in bootstrap(d, rounds).items()))
+
+
+def bootstrap(d: dict, rounds: list[dict], n: int = 2000, seed: int = 0) -> dict[str, dict[str, tuple[float, float]]]:
+    """recipe -> phase -> (10th, 90th percentile) of the minimum-based ratio over resampled rounds."""
+    rng = random.Random(seed)
+    draws: dict[str, dict[str, list[float]]] = {}
+    for _ in range(n):
+        for r, ph in ratios(step_rows(d["launches"], rng.choices(rounds, k=len(rounds)), min)).items():
+            for p, v in ph.items():
+                draws.setdefault(r, {}).setdefault(p, []).append(v)
+    return {r: {p: tuple(statistics.quantiles(v, n=10)[i] for i in (0, 8)) for p, v in ph.items()}
+            for r, ph in sorted(draws.items())}
 
 
 def main() -> None:
