@@ -98,7 +98,7 @@ def test_compiled_float8_keeps_no_fp8_input_and_tensorwise_recreates_it_in_backw
 
 def test_eager_torchao_launches_cost_the_plain_path_times_the_measured_ratio():
     """torchao's eager float8 layers launch many more kernels at about the plain eager path's host cost
-    per launch (interleave15: x1.13-1.23 on one host), not at our harness's per-op quantisation's; a rowwise
+    per launch (hostclean15: x1.08-1.09 on one host), not at our harness's per-op quantisation's; a rowwise
     step costs the host more than a tensorwise one (it runs tensorwise's casts and more)."""
     from ghsim.cost.calibration import load_calibration
     from ghsim.cost.compute import LaunchCosts
