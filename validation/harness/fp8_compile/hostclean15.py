@@ -18,6 +18,8 @@ which statistic is taken.
   steal time (/proc/stat) over the round.
 * cupti: one profiled step per (depth, recipe) (host15c.profile_phases: the launch counts), then more rounds
   exactly as in `clean`, now with CUPTI attached.
+After its one run, its model building and result header moved into interleave15.py (tiny_models, header),
+unchanged.
 """
 from __future__ import annotations
 
@@ -28,8 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 HARNESS = Path(os.environ.get("HARNESS", Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(HARNESS))
@@ -87,11 +87,7 @@ def main():
     ap.add_argument("--clean-reps", type=int, default=100)
     ap.add_argument("--cupti-reps", type=int, default=50)
     a = ap.parse_args()
-    import torchao
-    import transformers
-    res = {"torch": torch.__version__, "torchao": torchao.__version__, "transformers": transformers.__version__,
-           "gpu": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "script": __doc__,
-           "machine_start": il.machine()}
+    res = il.header(__doc__)
 
     def save():
         Path(a.out).write_text(json.dumps(res, indent=1, default=str))
@@ -103,13 +99,7 @@ def main():
     except Exception as e:  # noqa: BLE001
         res["reference"] = {"error": repr(e)}
     save()
-    models = {}
-    for layers in (2, 8):
-        torch.manual_seed(0)
-        model = host15c.tiny_model(256, 512, layers, "bf16")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1)
-        phases = host15c.phase_timer(model, opt, torch.randint(0, 1024, (1, 256), device="cuda"))
-        models[layers] = (model, il.swappable(model), phases)
+    models = il.tiny_models()
     for layers, (model, sets, phases) in models.items():
         for r in il.RECIPES:
             il.install(model, sets[r])
