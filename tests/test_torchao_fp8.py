@@ -120,3 +120,23 @@ def test_eager_torchao_launches_cost_the_plain_path_times_the_measured_ratio():
     assert harness.bwd_s == pytest.approx(cal.framework_overhead[LaunchCosts.FP8][1] * H100.host_path_factor)
     compiled = LaunchCosts.of(H100, cal, FP8.with_(compile=True))
     assert compiled.fwd_s == compiled.bwd_s == cal.eager_op_s  # Inductor's wrapper launches, not Float8Linear
+
+
+def test_eager_ratios_are_the_clean_microbenchmarks_minimum():
+    """The calibration's torchao host ratios are what report15c.py reads from hostclean15's rounds without the
+    profiler (the minimum over the rounds), so a re-measurement or a changed statistic shows up here."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from ghsim.cost.library_overheads import torchao_eager_launch_ratio
+
+    root = Path(__file__).resolve().parents[1] / "validation"
+    spec = importlib.util.spec_from_file_location("report15c", root / "harness/fp8_compile/report15c.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    d = json.loads((root / "microbench/issue15/h100-hostclean15.json").read_text())
+    measured = report.ratios(report.step_rows(d["launches"], d["clean"]["rounds"], min))
+    for recipe in ("tensorwise", "rowwise"):
+        assert torchao_eager_launch_ratio(recipe) == pytest.approx(
+            (measured[recipe]["fwd"], measured[recipe]["bwd"]), abs=5e-4)
