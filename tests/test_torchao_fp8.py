@@ -98,7 +98,7 @@ def test_compiled_float8_keeps_no_fp8_input_and_tensorwise_recreates_it_in_backw
 
 def test_eager_torchao_launches_cost_the_plain_path_times_the_measured_ratio():
     """torchao's eager float8 layers launch many more kernels at about the plain eager path's host cost
-    per launch (interleave15: x1.13-1.23 on one host), not at our harness's per-op quantisation's; a rowwise
+    per launch (hostclean15: x1.08-1.09 on one host), not at our harness's per-op quantisation's; a rowwise
     step costs the host more than a tensorwise one (it runs tensorwise's casts and more)."""
     from ghsim.cost.calibration import load_calibration
     from ghsim.cost.compute import LaunchCosts
@@ -120,3 +120,23 @@ def test_eager_torchao_launches_cost_the_plain_path_times_the_measured_ratio():
     assert harness.bwd_s == pytest.approx(cal.framework_overhead[LaunchCosts.FP8][1] * H100.host_path_factor)
     compiled = LaunchCosts.of(H100, cal, FP8.with_(compile=True))
     assert compiled.fwd_s == compiled.bwd_s == cal.eager_op_s  # Inductor's wrapper launches, not Float8Linear
+
+
+def test_eager_ratios_are_the_clean_microbenchmarks_minimum():
+    """The calibration's torchao host ratios are what report15c.py reads from hostclean15's rounds without the
+    profiler (the minimum over the rounds), so a re-measurement or a changed statistic shows up here."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from ghsim.cost.library_overheads import torchao_eager_launch_ratio
+
+    root = Path(__file__).resolve().parents[1] / "validation"
+    spec = importlib.util.spec_from_file_location("report15c", root / "harness/fp8_compile/report15c.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    d = json.loads((root / "microbench/issue15/h100-hostclean15.json").read_text())
+    measured = report.ratios(report.step_rows(d["launches"], d["clean"]["rounds"], min))
+    for recipe in ("tensorwise", "rowwise"):
+        assert torchao_eager_launch_ratio(recipe) == pytest.approx(
+            (measured[recipe]["fwd"], measured[recipe]["bwd"]), abs=5e-4)

@@ -58,7 +58,7 @@ class LaunchCosts:
     a bare launch, which is why small models leave the GPU idle. Checkpointed
     (recompute) steps and LoRA steps cost more per kernel and are measured apart.
     torchao's eager float8 layers launch about 4.5x the kernels of a bf16 layer at about the same host
-    cost per launch (library_overheads.toml [torchao_float8_eager]: the plain figure times 1.13-1.23).
+    cost per launch (library_overheads.toml [torchao_float8_eager]: the plain figure times 1.08-1.09).
     """
 
     fwd_s: float

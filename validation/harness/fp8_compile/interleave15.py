@@ -86,8 +86,8 @@ def rotated(items, k):
     return list(items[k:]) + list(items[:k])
 
 
-def run_host(res, reps, block, warm, save):
-    out = res.setdefault("host", {"rounds": [], "launches": {}, "block": block, "warm": warm})
+def tiny_models() -> dict:
+    """depth -> (model, recipe -> its linears, one timed step): host15c's tiny HF Llama at 2 and 8 layers."""
     models = {}
     for layers in (2, 8):
         torch.manual_seed(0)
@@ -95,6 +95,20 @@ def run_host(res, reps, block, warm, save):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1)
         phases = host15c.phase_timer(model, opt, torch.randint(0, 1024, (1, 256), device="cuda"))
         models[layers] = (model, swappable(model), phases)
+    return models
+
+
+def header(script: str) -> dict:
+    """The versions, GPU and machine state a result file starts with."""
+    import torchao
+    import transformers
+    return {"torch": torch.__version__, "torchao": torchao.__version__, "transformers": transformers.__version__,
+            "gpu": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "script": script, "machine_start": machine()}
+
+
+def run_host(res, reps, block, warm, save):
+    out = res.setdefault("host", {"rounds": [], "launches": {}, "block": block, "warm": warm})
+    models = tiny_models()
     for layers, (model, sets, phases) in models.items():  # launch counts: one profiled step each
         for r in RECIPES:
             install(model, sets[r])
@@ -194,10 +208,7 @@ def main():
     ap.add_argument("--case-warm", type=int, default=1)
     ap.add_argument("--parts", default="host,reference,cases,fresh")
     a = ap.parse_args()
-    import torchao
-    import transformers
-    res = {"torch": torch.__version__, "torchao": torchao.__version__, "transformers": transformers.__version__,
-           "gpu": torch.cuda.get_device_name(0), "cpus": os.cpu_count(), "script": __doc__, "machine_start": machine()}
+    res = header(__doc__)
     host15c.START = START
 
     def save():

@@ -11,6 +11,7 @@ ratio of a recipe's figure to bf16's is what ghsim applies to its plain eager pe
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -45,17 +46,26 @@ def lower_quartile(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=4, method="inclusive")[0]
 
 
-def interleaved_rows(d: dict, rounds: list[dict], stat=statistics.median) -> list[dict]:
-    """interleave15.py's host rounds as host15c rows: per (recipe, depth) `stat` (median, lower_quartile) of
-    the host seconds per phase over every step of `rounds`, with the launches of its profiled step."""
+def fifth_percentile(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=20, method="inclusive")[0]
+
+
+def step_rows(launches: dict[str, dict], rounds: list[dict], stat=statistics.median) -> list[dict]:
+    """Rounds of interleaved steps as host15c rows: per (recipe, depth) `stat` (median, lower_quartile, min) of
+    the host seconds per phase over every step of `rounds`, with `launches` (key -> phase -> launch calls)."""
     rows = []
-    for key, launches in d["host"]["launches"].items():
+    for key, count in launches.items():
         recipe, depth = key.rsplit("-L", 1)
         samples = [s for rd in rounds for s in rd["rows"][key].get("samples", [
             (rd["rows"][key]["fwd_host_s"], rd["rows"][key]["bwd_host_s"], rd["rows"][key]["opt_host_s"])])]
-        rows.append({"recipe": recipe, "layers": int(depth), "hidden": 256, "launches": launches["launches"],
+        rows.append({"recipe": recipe, "layers": int(depth), "hidden": 256, "launches": count,
                      **{f"{p}_host_s": stat([s[i] for s in samples]) for i, p in enumerate(PHASES)}})
     return rows
+
+
+def interleaved_rows(d: dict, rounds: list[dict], stat=statistics.median) -> list[dict]:
+    """interleave15.py's host rounds as host15c rows (launches of each model's profiled step)."""
+    return step_rows({k: v["launches"] for k, v in d["host"]["launches"].items()}, rounds, stat)
 
 
 def interleaved_ratios(d: dict, stat=statistics.median, groups: int = 4) -> tuple[dict, list[dict]]:
@@ -79,9 +89,9 @@ def case_ratios(d: dict) -> dict[str, dict[str, list[float]]]:
 
 
 def report_interleaved(d: dict) -> None:
-    for label, stat in (("median", statistics.median), ("lower quartile", lower_quartile)):
-        if stat is lower_quartile and "samples" not in d["host"]["rounds"][0]["rows"]["bf16-L2"]:
-            continue  # call 1 kept one median per round: no quartile of its steps
+    for label, stat in (("median", statistics.median), ("lower quartile", lower_quartile), ("minimum", min)):
+        if stat is not statistics.median and "samples" not in d["host"]["rounds"][0]["rows"]["bf16-L2"]:
+            continue  # call 1 kept one median per round: no quantile of its steps
         for recipe, ph in sorted(per_layer(interleaved_rows(d, d["host"]["rounds"], stat)).items()):
             print(f"  {label:14s} {recipe:10s} " + "  ".join(
                 f"{p}: {s * 1e3:6.2f} ms / {k:5.0f} launches = {s / k * 1e6:5.1f} us" for p, (s, k) in ph.items()))
@@ -100,10 +110,51 @@ def report_interleaved(d: dict) -> None:
         print(f"  fresh {c.get('name', c['key'])}: {c.get('step_time_s')} s")
 
 
+def report_clean(d: dict) -> None:
+    """hostclean15.py: `clean` rounds (no profiler in the process, as in training) and `cupti` rounds (after one
+    profiled step per model). The minimum over the rounds is each model's uncontended step (the host ran at
+    two speeds, so the time contention adds is never negative); the 5th percentile and median beside it."""
+    for row in d.get("reference", {}).get("framework_overhead", {}).get("rows", []):
+        print(f"  microbench2 (fresh process) {row['variant']:8s} us/launch fwd {row['fwd_host_us_per_launch']:.1f} "
+              f"bwd {row['bwd_host_us_per_launch']:.1f}")
+    for part in ("clean", "cupti"):
+        rounds = d[part]["rounds"]
+        probe = [r["probe_s"] * 1e3 for r in rounds]
+        print(f"  {part}: {len(rounds)} rounds, probe {min(probe):.1f}-{max(probe):.1f} ms (median "
+              f"{statistics.median(probe):.1f}), steal <= {max(r['steal_frac'] for r in rounds):.4f}")
+        for label, stat in (("minimum", min), ("5th percentile", fifth_percentile), ("median", statistics.median)):
+            rows = step_rows(d["launches"], rounds, stat)
+            us = {r: "  ".join(f"{p} {s / k * 1e6:5.1f} us" for p, (s, k) in ph.items())
+                  for r, ph in per_layer(rows).items()}
+            print(f"    {label:14s} per launch: " + "; ".join(f"{r} {v}" for r, v in sorted(us.items())))
+            print(f"    {label:14s} / bf16: " + "; ".join(
+                f"{r} " + " / ".join(f"{v:.3f}" for v in rr.values()) for r, rr in sorted(ratios(rows).items())))
+        print("    minimum / bf16, 10th-90th percentile of 2000 resamples of the rounds: " + "; ".join(
+            f"{r} " + " / ".join(f"{lo:.3f}-{hi:.3f}" for lo, hi in ph.values()) for r, ph in bootstrap(d, rounds).items()))
+
+
+def bootstrap(d: dict, rounds: list[dict], n: int = 2000, seed: int = 0) -> dict[str, dict[str, tuple[float, float]]]:
+    """recipe -> phase -> (10th, 90th percentile) of the minimum-based ratio over resampled rounds."""
+    rng = random.Random(seed)
+    draws: dict[str, dict[str, list[float]]] = {}
+    for _ in range(n):
+        for r, ph in ratios(step_rows(d["launches"], rng.choices(rounds, k=len(rounds)), min)).items():
+            for p, v in ph.items():
+                draws.setdefault(r, {}).setdefault(p, []).append(v)
+    return {r: {p: tuple(statistics.quantiles(v, n=10)[i] for i in (0, 8)) for p, v in ph.items()}
+            for r, ph in sorted(draws.items())}
+
+
 def main() -> None:
-    files = [Path(f) for f in sys.argv[1:]] or sorted(DIR.glob("*-host15c*.json")) + sorted(DIR.glob("*-interleave15-*.json"))
+    files = [Path(f) for f in sys.argv[1:]] or (sorted(DIR.glob("*-host15c*.json")) + sorted(DIR.glob("*-interleave15-*.json"))
+                                                + sorted(DIR.glob("*-hostclean15.json")))
     for f in files:
         d = json.loads(f.read_text())
+        if "clean" in d:
+            print(f"== {f.name}: {d['gpu']}, {d['cpus']} CPUs, no profiler then CUPTI, started "
+                  f"{d['machine_start']['date'].strip()}")
+            report_clean(d)
+            continue
         if "host" in d:
             print(f"== {f.name}: {d['gpu']}, {d['cpus']} CPUs, interleaved, started {d['machine_start']['date'].strip()}")
             report_interleaved(d)
