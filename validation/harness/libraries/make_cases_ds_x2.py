@@ -5,7 +5,7 @@
 Raw results: validation/measured_libraries/_raw/ds_x2/results_ds2.json (rank 0's result, rank 1's under
 "ranks"; host.txt holds lscpu, free -g, nvidia-smi topo of the machine), taken 2026-11-27 in one call on a
 lent 2 x H200 machine (32 vCPUs, one socket, Intel Xeon with AVX-512 and AMX, 251 GiB) by
-`.carry_ds2/run.sh` = validation/harness/libraries/prelude.sh (WHL=whl DS_OPS=CPUAdam) + batch.py --set ds2:
+validation/harness/libraries/run_ds_x2.sh = prelude.sh (WHL=whl DS_OPS=CPUAdam) + batch.py --set ds2:
 each case launched as DeepSpeed's docs launch it, `deepspeed --num_gpus 2 lib_step.py ...`
 (deepspeed.launcher.runner -> launch.py), which leaves OMP_NUM_THREADS unset: torch.get_num_threads() = 32
 on each rank, and DeepSpeedCPUAdam's op (its .so links no OpenMP runtime of its own) runs on torch's
