@@ -359,6 +359,11 @@ class _MicrobatchBuilder:
         self.root_bytes = (self.emb_bytes + self.head_bytes) if plan.framework == Framework.FSDP_MIXED else 0.0
         if self.root_bytes:
             self.emb_bytes = self.head_bytes = 0.0
+        elif model.tie_embeddings and chunk.last and plan.framework == Framework.DEEPSPEED:
+            # a tied LM head's weight is the embedding's Parameter: DeepSpeed's pre-forward hook on the head
+            # fetches it again (partitioned_param_coordinator.py fetch_sub_module gathers every parameter of
+            # the module, shared or not), released after the head's backward as an untied head is
+            self.head_bytes += local.embedding_params * dt.param
         self.prefetch_from: int | None = None  # the backward's second-last layer: the embedding is fetched after it
         T, h = plan.micro_batch * plan.seq, model.hidden_size
         self.T = T

@@ -4,10 +4,15 @@
 
 Results land in $OUT/results_<set>.json, traces in $OUT/traces_<set>.tar.gz,
 logs in $OUT/logs_<set>.tar.gz. A case that OOMs is retried once with half the micro-batch.
+A case with "nproc" > 1 runs under DeepSpeed's launcher (mode ds: `deepspeed --num_gpus N`, as DeepSpeed's
+docs launch it) or torchrun (fsdp2); its ranks' own results come back under "ranks". A case whose "min_s"
+(seconds it needs) exceeds the time left is skipped rather than cut off; "max_s" caps a case's time (its
+profiled step is dropped first), leaving the rest to the cases after it.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import json
 import os
 import subprocess
@@ -60,6 +65,27 @@ def other_cases(model, ckpt, mb, seq=2048, gpu="h100"):
     }
 
 
+def ds_x2_cases(gpu: str) -> list[dict]:
+    """ZeRO-3 + offload_optimizer on 2 GPUs under the deepspeed launcher: a tiny smoke of the same path, then
+    the Llama-3.2-3B shape (as the one-GPU case) and the Llama-3.1-8B shape (untied embeddings)."""
+    z = ds(3, offload_optimizer=OFF_PIN)
+    mk = lambda model, mb, seq, **kw: dict({
+        "name": f"{gpu}-ds-z3-offopt-llama{model}-ckpt-mb{mb}-s{seq}", "mode": "ds", "model": model, "ckpt": True,
+        "mb": mb, "seq": seq, "ds": z, "nproc": 2, "warmup": 2, "steps": 3}, **kw)
+    return [mk("tiny", 2, 512, profile=False, min_s=20), mk("3b", 2, 2048, min_s=100, max_s=130), mk("8b", 2, 2048, min_s=120)]
+
+
+def gpu_tag(nproc: int) -> str:
+    """h100 / h200 (x N) from the first GPU's name, for case names decided on the machine."""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True).stdout
+    except OSError:
+        name = ""
+    tag = "h200" if "H200" in name else "h100"
+    return f"{tag}x{nproc}" if nproc > 1 else tag
+
+
 def sets(tiny=False):
     if tiny:
         d = ds_cases("tiny", True, 2, 512)
@@ -77,6 +103,7 @@ def sets(tiny=False):
         "a": [d3[k] for k in ("z2off", "z3off", "z3offp", "z3super", "z2offnp", "z2", "z3")],
         "b": [d3["z2offnp"], d3["z2"], d3["z3"], o3["fsdp2off"], o3["plainfused"]],
         "c": [o3["plainforeach"], d1["z2off"], d1["z3super"], d1["z2"], d3["z0"], d3["z1"]],
+        "ds2": ds_x2_cases(gpu_tag(2)),
         "d": [d3["z3super90"], d3n["z2off"], d3n["z3off"], o1["fsdp2off"], o1["plainfused"], d3n["z3super"],
               d1["z3off"]],
     }
@@ -94,6 +121,27 @@ def read_result(work: Path, spec: dict) -> dict:
         r["note"] = "timed out after timing, during profiling: no trace"
         return r
     return {"name": spec["name"], "spec": spec, "ok": False, "error": "timeout or crash; see log"}
+
+
+def read_ranks(work: Path, spec: dict) -> list[dict]:
+    """Ranks 1..N-1's own results (host and HBM figures per process) of a several-rank case."""
+    out = []
+    for rank in range(1, spec.get("nproc", 1)):
+        stem = work / f"{spec['name']}.rank{rank}"
+        path = next((p for p in (Path(f"{stem}.json"), Path(f"{stem}.json.partial")) if p.exists()), None)
+        out.append(json.loads(path.read_text()) if path else {"rank": rank, "error": "no result"})
+    return out
+
+
+def command(spec: dict, work: Path) -> list[str]:
+    """How users launch the case: one process, or N ranks under the library's launcher."""
+    script = [str(HERE / "lib_step.py"), "--spec", json.dumps(spec), "--out", str(work)]
+    n = spec.get("nproc", 1)
+    if n == 1:
+        return [sys.executable] + script
+    if spec["mode"] == "ds":  # the `deepspeed` console script is this module's main
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(n)] + script
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n)] + script
 
 
 def main():
@@ -118,22 +166,26 @@ def main():
     while queue:
         spec = queue.pop(0)
         left = a.budget_s - (time.time() - t_start)
-        if left < 45:
+        if left < max(45, spec.get("min_s", 0)):
             results.append({"name": spec["name"], "spec": spec, "ok": False, "error": "skipped: call time budget"})
             continue
         log = work / (spec["name"] + ".log")
         print(f"== {spec['name']} (left {left:.0f}s)", flush=True)
         t0 = time.time()
-        try:
-            with open(log, "w") as lf:
-                subprocess.run([sys.executable, str(HERE / "lib_step.py"), "--spec", json.dumps(spec),
-                                "--out", str(work)], stdout=lf, stderr=subprocess.STDOUT,
-                               timeout=min(a.case_timeout_s, left - 10), start_new_session=False)
-        except subprocess.TimeoutExpired:
-            pass
+        limit = min(a.case_timeout_s, left - 10, spec.get("max_s", a.case_timeout_s))
+        spec = dict(spec, deadline=t0 + limit - 5)
+        with open(log, "w") as lf:  # own process group: a launcher's ranks go down with it on a timeout
+            proc = subprocess.Popen(command(spec, work), stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         wall = time.time() - t0
         logs.append(log)
         r = read_result(work, spec)
+        if spec.get("nproc", 1) > 1:
+            r["ranks"] = read_ranks(work, spec)
         r["case_wall_s"] = wall
         tail = log.read_text()[-600:]
         if not r.get("ok") and "out of memory" in (r.get("error", "") + tail).lower() and spec["mb"] > 1:

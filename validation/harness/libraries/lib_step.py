@@ -2,12 +2,12 @@
 
     python3 validation/harness/libraries/lib_step.py --spec '<json>' --out DIR
 
-Spec keys: name, mode (ds | fsdp2 | plain), model (3b | 1b | tiny), mb, seq,
+Spec keys: name, mode (ds | fsdp2 | plain), model (8b | 3b | 1b | tiny), mb, seq,
 ckpt (bool), ds (DeepSpeed zero_optimization section, for mode ds), impl
 (plain: foreach | fused; fsdp2: default | foreach | fused), warmup, steps.
 
 Model: Hugging Face LlamaForCausalLM from a LlamaConfig (random weights, no
-download), sdpa attention, tied embeddings as the Llama-3.2 configs have them.
+download), sdpa attention, embeddings tied or not as the HF config of that shape has them.
 Step = forward with labels (HF loss) + backward + optimizer step (+ zero_grad),
 then torch.cuda.synchronize(); time with time.perf_counter; median of `steps`
 after `warmup` warm-up steps; then one step under torch.profiler (CPU + CUDA).
@@ -18,6 +18,12 @@ FSDP2 on several GPUs: run under torchrun (`torchrun --nproc_per_node N lib_step
 its GPU from LOCAL_RANK and its own random tokens, rank 0 writes <name>.json and the trace, rank r > 0
 writes <name>.rank<r>.json (its own host and HBM figures). torchrun sets OMP_NUM_THREADS=1 unless told
 otherwise, so the ranks' CPU optimizers run as users' torchrun jobs run them.
+
+DeepSpeed on several GPUs: run under DeepSpeed's own launcher (`deepspeed --num_gpus N lib_step.py ...`, i.e.
+deepspeed.launcher.runner -> deepspeed.launcher.launch), which passes --local_rank and sets RANK/LOCAL_RANK/
+WORLD_SIZE but leaves OMP_NUM_THREADS unset (launch.py sets it only with --bind_cores_to_rank); the engine
+initialises torch.distributed itself. Each rank records the OpenMP threads every loaded OpenMP runtime
+offers (torch's and the one DeepSpeedCPUAdam's JIT-built op links) and its CPU time over the timed steps.
 """
 from __future__ import annotations
 
@@ -39,6 +45,11 @@ MODELS = {
                num_key_value_heads=8),
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                num_key_value_heads=8),
+    # Llama-3.1-8B (HF config.json): untied embeddings (a separate lm_head), llama3 rope scaling
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, tie_word_embeddings=False,
+               rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
     "tiny": dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
                  num_key_value_heads=4),
 }
@@ -57,6 +68,34 @@ def proc_status(pid="self", fields=("VmHWM", "VmRSS", "VmLck", "VmPin")):
     return out
 
 
+def openmp_threads() -> list:
+    """omp_get_max_threads() of every OpenMP runtime loaded in this process, by library path: torch's
+    bundled libgomp and the system libgomp that a JIT-built -fopenmp op (DeepSpeedCPUAdam) links may differ."""
+    import ctypes
+    out, seen = [], set()
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if "omp" in ln.rsplit("/", 1)[-1] and ".so" in ln}
+    except OSError:
+        return out
+    for path in sorted(paths):
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            out.append({"lib": path, "omp_get_max_threads": ctypes.CDLL(path).omp_get_max_threads()})
+        except (OSError, AttributeError) as e:
+            out.append({"lib": path, "error": repr(e)[:200]})
+    try:
+        with open("/proc/self/maps") as f:
+            ops = sorted({ln.split()[-1] for ln in f if "cpu_adam" in ln})
+        links = [subprocess.run(["ldd", op], capture_output=True, text=True).stdout for op in ops]
+        out.append({"ops": ops, "ops_openmp": [ln.strip() for t in links for ln in t.splitlines() if "omp" in ln]})
+    except OSError:
+        pass
+    return out
+
+
 def run_child(script, name, timeout):
     """Runs `script --child name` in a fresh process; its last 'RESULT <json>' line, else the error."""
     p = subprocess.run([sys.executable, os.path.abspath(script), "--child", name], capture_output=True, text=True,
@@ -67,9 +106,10 @@ def run_child(script, name, timeout):
 
 def build_model(spec, torch, dtype, device):
     from transformers import LlamaConfig, LlamaForCausalLM
+    shape = dict(MODELS[spec["model"]])
+    tie = shape.pop("tie_word_embeddings", True)  # the Llama-3.2 configs tie; Llama-3.1-8B does not
     cfg = LlamaConfig(vocab_size=128256, max_position_embeddings=max(spec["seq"], 2048), rope_theta=500000.0,
-                      tie_word_embeddings=True, use_cache=False, attn_implementation="sdpa",
-                      **MODELS[spec["model"]])
+                      tie_word_embeddings=tie, use_cache=False, attn_implementation="sdpa", **shape)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     with torch.device(device):
@@ -86,6 +126,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--local_rank", type=int, default=None)  # passed by DeepSpeed's launcher (also in LOCAL_RANK)
     a = ap.parse_args()
     spec = json.loads(a.spec)
     os.makedirs(a.out, exist_ok=True)
@@ -113,7 +154,7 @@ def main():
 def run(spec, res, outdir):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # > 1 only under torchrun (fsdp2)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # > 1 under torchrun (fsdp2) or deepspeed's launcher (ds)
     rank = int(os.environ.get("RANK", "0"))
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(dev)
@@ -130,8 +171,10 @@ def run(spec, res, outdir):
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     if world == 1:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    elif spec["mode"] != "fsdp2":
-        raise ValueError("several ranks: fsdp2 only")
+    elif spec["mode"] not in ("fsdp2", "ds"):
+        raise ValueError("several ranks: fsdp2 (torchrun) or ds (deepspeed launcher) only")
+    res["launch_env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LOCAL_RANK", "LOCAL_SIZE",
+                                                        "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")}
     mb, seq = spec["mb"], spec["seq"]
     mode = spec["mode"]
     g = torch.Generator(device=dev).manual_seed(rank)
@@ -233,24 +276,31 @@ def run(spec, res, outdir):
     res["n_params"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     res["init_s"] = time.perf_counter() - t_init
     res["torch_threads"] = torch.get_num_threads()
+    res["openmp_after_init"] = openmp_threads()
     res["affinity_after_init"] = len(os.sched_getaffinity(0))
     res["mem_after_init"] = {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
                              "host": proc_status()}
     torch.cuda.reset_peak_memory_stats()
-    times, losses = [], []
+    times, losses, cpu_s = [], [], 0.0
     for i in range(spec.get("warmup", 3) + spec.get("steps", 5)):
         torch.cuda.synchronize()
+        c0 = os.times()
         t0 = time.perf_counter()
         loss = step()
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        c1 = os.times()
         losses.append(float(loss.detach()))
         if i >= spec.get("warmup", 3):
             times.append(dt)
+            cpu_s += (c1.user - c0.user) + (c1.system - c0.system)
         print(f"  step {i} {dt:.3f}s loss {losses[-1]:.3f}", flush=True)
     res["step_times_s"] = times
     res["step_time_s"] = statistics.median(times)
     res["losses"] = losses
+    res["process_cpu_s_per_timed_step"] = cpu_s / len(times)  # user + system, all threads of this rank
+    res["openmp_after_steps"] = openmp_threads()
+    res["threads_after_steps"] = len(os.listdir("/proc/self/task"))
     res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     res["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     res["tokens_per_s"] = mb * seq / res["step_time_s"]
@@ -272,6 +322,15 @@ def run(spec, res, outdir):
     partial = os.path.join(outdir, spec["name"] + (f".rank{rank}" if rank else "") + ".json.partial")
     with open(partial, "w") as f:
         json.dump(res, f, default=str)
+    # profile only if the step and the trace export fit before the batch's deadline
+    deadline = spec.get("deadline")
+    fits = torch.tensor([0 if deadline and time.time() + 3 * max(times) + 40 > deadline else 1], device=dev)
+    if world > 1:  # every rank must take the same decision: the profiled step has collectives
+        import torch.distributed as dist
+        dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+    if not int(fits.item()):
+        res["note"] = "profiled step skipped: the call's time budget"
+        spec = dict(spec, profile=False)
     if spec.get("profile", True):
         from torch.profiler import ProfilerActivity, profile
         torch.cuda.synchronize()

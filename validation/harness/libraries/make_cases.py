@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2] / "measured_libraries"
 MODEL = {
     "3b": ("llama-3.2-3b-shape", 3072, 8192, 28, 24, 8, 128),
     "1b": ("llama-3.2-1b-shape", 2048, 8192, 16, 32, 8, 64),
+    "8b": ("llama-3.1-8b-shape", 4096, 14336, 32, 32, 8, 128),  # untied embeddings (lib_step.MODELS)
 }
 SOFT = "torch 2.11.0+cu130, CUDA 13.0, driver 580.159.04, transformers 5.17.0, deepspeed 0.19.8 (pure-Python wheel, DS_BUILD_OPS=0; CPUAdam/FusedAdam JIT-built on the device, AVX-512 host)"
 METHOD = ("validation/harness/libraries/lib_step.py (one process per case, run by batch.py): HF LlamaForCausalLM "
@@ -62,7 +63,7 @@ def plan_for(r):
                      f"sub_group_size={eff.get('sub_group_size')}, prefetch_bucket_size={eff.get('prefetch_bucket_size')}, "
                      f"param_persistence_threshold={eff.get('param_persistence_threshold')}, gradient_clipping=1.0")
         if oo:
-            notes.append("CPU optimizer: DeepSpeedCPUAdam on torch's 16 OpenMP threads")
+            notes.append(f"CPU optimizer: DeepSpeedCPUAdam on torch's {r.get('torch_threads')} OpenMP threads")
         if oo and oo.get("super_offload"):
             eo = eff.get("offload_optimizer") or {}
             notes.append(f"SuperOffload: ratio={eo.get('ratio')}, cpuadam_cores_perc={eo.get('cpuadam_cores_perc')}: "

@@ -34,10 +34,11 @@ def rank_results(stem: str) -> list[dict]:
     return out
 
 
-def case_toml(template: str, name: str, ranks: list[dict], trace: str | None) -> str:
+def measured_ranks(ranks: list[dict]) -> dict:
+    """A several-rank case's [measured]: rank 0's step times, the larger rank's HBM peaks, host memory per node."""
     r0 = ranks[0]
     times = r0["step_times_s"]
-    measured = {
+    return {
         "step_time_s": r0["step_time_s"],
         "step_time_s_min": min(times), "step_time_s_max": max(times),
         "peak_allocated_bytes": max(r["peak_allocated_bytes"] for r in ranks),
@@ -47,6 +48,11 @@ def case_toml(template: str, name: str, ranks: list[dict], trace: str | None) ->
         "pinned_host_bytes_torch_allocator": sum(r["host_memory_stats"]["allocated_bytes.peak"] for r in ranks),
         "torch_num_threads": r0["torch_threads"], "cpu_affinity_cores": r0["affinity"],
     }
+
+
+def case_toml(template: str, name: str, ranks: list[dict], trace: str | None) -> str:
+    r0 = ranks[0]
+    measured = measured_ranks(ranks)
     head, rest = template.split("[model]", 1)
     model, rest = rest.split("[plan]", 1)
     plan, rest = rest.split("[measured]", 1)

@@ -14,13 +14,18 @@ from ghsim.graph.step import partition_sizes
 from ghsim.validate.cases import DEFAULT_TOLERANCES, case_model, load_case, run_case
 
 ROOT = Path(__file__).resolve().parents[2] / "measured_libraries"
-PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-", "h200-ds-", "h200-plain-", "h200x2-fsdp2-")
+PREFIXES = ("h100-ds-", "h100-fsdp2-", "h100-plain-", "h200-ds-", "h200-plain-", "h200x2-fsdp2-", "h200x2-ds-")
 RATIOS = [("ZeRO-3 offload / ZeRO-2 offload", "h100-ds-z3-offopt-llama3b-ckpt-mb2-s2048",
            "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048"),
           ("SuperOffload / ZeRO-Offload (ZeRO-2)", "h100-ds-z3-superoffload-llama3b-ckpt-mb2-s2048",
            "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048"),
           ("ZeRO-2 offload / ZeRO-2 no offload", "h100-ds-z2-offopt-pin-llama3b-ckpt-mb2-s2048",
            "h100-ds-z2-llama3b-ckpt-mb2-s2048"),
+          # both on H200 machines: 2 ranks on a 32-vCPU host against 1 on a 16-vCPU host
+          ("ZeRO-3 offload, 2 GPUs / 1 GPU (3B, per-rank step)", "h200x2-ds-z3-offopt-llama3b-ckpt-mb2-s2048",
+           "h200-ds-z3-offopt-llama3b-ckpt-mb2-s2048"),
+          ("ZeRO-3 offload on 2 GPUs, 8B / 3B", "h200x2-ds-z3-offopt-llama8b-ckpt-mb2-s2048",
+           "h200x2-ds-z3-offopt-llama3b-ckpt-mb2-s2048"),
           ("plain foreach / plain fused", "h100-plain-cpuadamw-foreach-llama3b-ckpt-mb2-s2048",
            "h100-plain-cpuadamw-fused-llama3b-ckpt-mb2-s2048")]
 
