@@ -289,3 +289,26 @@ def test_screening_order_alternates_and_exploits_only_near_the_top():
     order.pending.difference_update([4, 0])
     order.put_back([1, 2])
     assert order.take(6, bar=40.0) == [5, 1, 2, 3]
+
+
+def test_class_bounds_prefetched_while_pruning_are_those_computed_when_asked(cal):
+    """Without a time limit the workers compute compute-class bounds while the main process
+    prunes (_Runner.prefetch_bounds); bounds() must hand out the same numbers as computing
+    them when asked, and a plan the simulator refuses (whose class may not schedule) must not
+    reach the workers."""
+    from ghsim.search.core import _prune, _Runner, _Ticker, _valid
+    from ghsim.search.screen import compute_class
+
+    base = dataclasses.replace(BASE, gpus=8, global_batch=32)
+    space = pin(default_space(SMALL, H100, base), {"precision": Precision.BF16, "cuda_graphs": True})
+    memo = memo_calibration(cal)
+    with _Runner(SMALL, H100, memo, 2) as ahead:
+        _, survivors, _ = _prune(SMALL, H100, groups(space, base), _Ticker(None, 0), found=ahead.prefetch_bounds)
+        valid = [p for p, _ in _valid(SMALL, H100, survivors, _Ticker(None, 0))[0]]
+        assert 0 < len(valid) < len(survivors)  # (some refused: the filter is exercised)
+        classes = list(dict.fromkeys(map(compute_class, valid)))
+        assert ahead._asked == set(classes)
+        prefetched = ahead.bounds(classes)
+        assert set(ahead._prefetched) == set(classes)  # every one came from the workers
+    with _Runner(SMALL, H100, memo, 1) as asked:
+        assert prefetched == asked.bounds(classes)

@@ -5,7 +5,7 @@ simulated.
 Bounds: time (and cost, time times a constant here) by the step's FLOPs at peak rate
 (free), by the compute kernels of the plan's class (screen.compute_bound, once per class
 for all its ZeRO, offload and unified-memory members, when the walk reaches a class of
-several plans: on several GPUs the pipeline of the class's priced op templates, bubbles
+several plans, or for every class at the start, on all cores, when there is no time limit: on several GPUs the pipeline of the class's priced op templates, bubbles
 included, no graph built; on one GPU two small simulations) and, for a multi-GPU plan, by
 its last micro-batch and those in the middle of the step (step_floors.step_time_floor, inside the
 evaluation, before its memory); the HBM peak by the memory estimate. Order (order.Order):
@@ -80,6 +80,8 @@ class _BestFirst:
         self.best: list[float] = []  # values of the feasible plans screened so far, ascending
 
     def run(self, deadline: float) -> list[Evaluation]:
+        if deadline == math.inf and self.unit == "s":
+            self._all_class_bounds()
         while self.pending:
             top = self.top
             bar = self.best[top - 1] * (1 + SCREEN_TOLERANCE) if len(self.best) >= top else math.inf
@@ -123,6 +125,17 @@ class _BestFirst:
             known = self.unit != "s" or self.cls[j] in self.class_bound
             self.set_aside(j, Status.UNEXPLORED, "not simulated within the time limit" + (
                 f" (needs at least {self.bound(j) * self.scale:.3g} {self.unit} of {self.what})" if known else ""))
+
+    def _all_class_bounds(self) -> None:
+        """Every class's bound, on all cores at once. Without a time limit each is asked for
+        anyway (a plan set aside names its class's bound), one at a time in this process while
+        the workers wait; the bounds are the same whenever they are computed."""
+        first: dict[Plan, float] = {}  # (a class's members share their FLOPs bound: precision, micro-batch, layout)
+        for j, c in enumerate(self.cls):
+            if c not in first and self.members[c] >= self.bound_worth:
+                first[c] = self.keys[j]
+        for c, b in zip(first, self.runner.bounds(list(first))):
+            self.class_bound[c] = max(first[c], b)
 
     def _fetch_class_bounds(self, head: list[int], bar: float) -> None:
         """The class bounds this round will ask for, on all cores at once."""

@@ -33,7 +33,7 @@ from ghsim.search.best_first import screen_best_first
 from ghsim.search.memory_estimate import MARGIN, estimate_memory, may_fit, memory_states
 from ghsim.search.memory_order import recompute_rank
 from ghsim.search.objective import Objective, score
-from ghsim.search.screen import Evaluation, Status, compute_bound, evaluate, flops_lower_bound
+from ghsim.search.screen import Evaluation, Status, compute_bound, compute_class, evaluate, flops_lower_bound
 from ghsim.search.space import Group, SearchSpace, groups
 from ghsim.simulate import check_fit_to_model, check_simulable
 
@@ -137,11 +137,14 @@ def search(model: ModelSpec, hw: Hardware, base: Plan, space: SearchSpace,
         # pruning may take at most this share of the limit, every layout in turn, so that
         # a large space leaves screening time and a sample of every layout
         all_groups = _by_layout_in_turn(all_groups)
-    pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick, t0 + PRUNE_SHARE * time_limit
-                                                    if time_limit > 0 else math.inf)
-    survivors, rejected = _valid(model, hw, survivors, tick)
-    pruned_plans += rejected
     with _Runner(model, hw, cal, jobs) as runner:
+        # several GPUs, no time limit: every survivor's class bound will be asked for, so the
+        # workers start on them while this process prunes
+        early = runner.prefetch_bounds if time_limit <= 0 and base.gpus > 1 and runner.jobs > 1 else None
+        pruned_groups, survivors, pruned_plans = _prune(model, hw, all_groups, tick, t0 + PRUNE_SHARE * time_limit
+                                                        if time_limit > 0 else math.inf, early)
+        survivors, rejected = _valid(model, hw, survivors, tick)
+        pruned_plans += rejected
         survivors, same = _collapse_ignored(runner, survivors, tick, deadline)
         pruned_plans += same
         # CUDA graphs only shorten kernel launches: a plan without them is never faster and
@@ -181,10 +184,13 @@ def _by_layout_in_turn(all_groups: list[Group]) -> list[Group]:
     return [g for turn in itertools.zip_longest(*by_layout.values()) for g in turn if g is not None]
 
 
-def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker", deadline: float = math.inf):
+def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_Ticker", deadline: float = math.inf,
+           found: Callable[[list[Plan]], None] | None = None):
     """Memory pruning: a group's floor (what none of its members avoids) first, then each
     member, walking micro-batches upwards and stopping at the first that cannot fit. Groups
-    not reached by the deadline are left unexplored, whole."""
+    not reached by the deadline are left unexplored, whole. `found` is told each group's
+    survivors as they are known (one plan per recompute and micro-batch: their CUDA-graph
+    variants are of its compute class)."""
     pruned_groups: list[PrunedGroup] = []
     pruned: list[Evaluation] = []
     survivors: list[tuple[Plan, Any]] = []
@@ -205,6 +211,7 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
                 pruned_groups.append(PrunedGroup(base, sub_size, reason))
                 tick.add(sub_size)
                 continue
+            kept: list[Plan] = []
             for rc in g.recomputes:
                 for i, mb in enumerate(g.micro_batches):
                     plan = base.with_(recompute=rc, micro_batch=mb)
@@ -218,15 +225,17 @@ def _prune(model: ModelSpec, hw: Hardware, all_groups: Iterable[Group], tick: "_
                                                          why, est.hbm_bytes))
                         tick.add((len(g.micro_batches) - i) * len(g.cuda_graphs))
                         break
-                    for cg in g.cuda_graphs:
-                        p = plan.with_(cuda_graphs=cg)
-                        if um and est.hbm_bytes <= cap * (1 - MARGIN):
-                            # it fits in HBM: unified memory would change nothing (the plan without it is searched)
-                            pruned.append(Evaluation(p, Status.PRUNED, "fits in HBM without unified memory",
-                                                     est.hbm_bytes))
-                            tick.add(1)
-                        else:
-                            survivors.append((p, est))
+                    if um and est.hbm_bytes <= cap * (1 - MARGIN):
+                        # it fits in HBM: unified memory would change nothing (the plan without it is searched)
+                        for cg in g.cuda_graphs:
+                            pruned.append(Evaluation(plan.with_(cuda_graphs=cg), Status.PRUNED,
+                                                     "fits in HBM without unified memory", est.hbm_bytes))
+                        tick.add(len(g.cuda_graphs))
+                        continue
+                    survivors += [(plan.with_(cuda_graphs=cg), est) for cg in g.cuda_graphs]
+                    kept.append(plan)
+            if found and kept:
+                found(kept)
     return pruned_groups, survivors, pruned
 
 
@@ -375,6 +384,11 @@ class _Runner:
         self.jobs = max(1, jobs)
         self.pool: ProcessPoolExecutor | None = None
         self._flops: dict[tuple, float] = {}
+        # compute-class bounds asked for ahead (prefetch_bounds): queued, in the pool, known
+        self._asked: set[Plan] = set()
+        self._queued: list[Plan] = []
+        self._prefetching: list[tuple[list[Plan], Any]] = []
+        self._prefetched: dict[Plan, float] = {}
 
     def __enter__(self) -> "_Runner":
         return self
@@ -421,9 +435,41 @@ class _Runner:
         return v
 
     def bounds(self, plans: list[Plan]) -> list[float]:
-        if self.jobs == 1 or len(plans) < 4:
-            return [compute_bound(self.model, self.hw, p, self.cal) for p in plans]
-        return self._map(_bound_chunk, plans, None)
+        """compute_bound of each plan (a compute class), those prefetched included."""
+        self._submit_prefetch(flush=True)
+        for chunk, future in self._prefetching:
+            if future.exception() is None:  # (else those classes are computed below, if asked for)
+                self._prefetched.update(zip(chunk, future.result()))
+        self._prefetching = []
+        todo = [p for p in plans if p not in self._prefetched]
+        if self.jobs == 1 or len(todo) < 4:
+            got = [compute_bound(self.model, self.hw, p, self.cal) for p in todo]
+        else:
+            got = self._map(_bound_chunk, todo, None)
+        done = dict(zip(todo, got))
+        return [done[p] if p in done else self._prefetched[p] for p in plans]
+
+    def prefetch_bounds(self, plans: list[Plan]) -> None:
+        """Start the workers on the compute-class bounds of these plans' classes, for bounds()
+        to collect: the same numbers, computed while this process does other work. Plans the
+        simulator refuses up front (_valid) are left out: their classes may not schedule."""
+        for c in map(compute_class, filter(self._simulable, plans)):
+            if c not in self._asked:
+                self._asked.add(c)
+                self._queued.append(c)
+        self._submit_prefetch()
+
+    def _simulable(self, plan: Plan) -> bool:
+        try:
+            check_fit_to_model(self.model, self.hw, plan)
+            return True
+        except GhsimError:
+            return False
+
+    def _submit_prefetch(self, flush: bool = False) -> None:
+        while len(self._queued) >= PREFETCH_CHUNK or (flush and self._queued):
+            chunk, self._queued = self._queued[:PREFETCH_CHUNK], self._queued[PREFETCH_CHUNK:]
+            self._prefetching.append((chunk, self._get_pool().submit(_bound_chunk, chunk)))
 
     def _map(self, fn: Callable, items: list, tick: _Ticker | None, *args: Any) -> list:
         """fn over chunks of items in the pool, results in the items' order."""
@@ -437,6 +483,9 @@ class _Runner:
             if tick:
                 tick.add(len(results[futures[f]]))
         return [x for chunk in results for x in chunk]
+
+
+PREFETCH_CHUNK = 16  # class bounds per job sent ahead to a worker (each a few milliseconds)
 
 
 def default_jobs() -> int:
