@@ -68,7 +68,11 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
             casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in (_GPU, _DP)} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
             for n, (k, run) in enumerate(layer_runs):
-                held = run.layer in kept  # fetched in forward, released after backward
+                # fetched in forward, not again in backward: one rank keeps the fetched buffer itself to its
+                # backward, ranks that gather shards keep the gathered layer (graph/parallel.py) and free
+                # the shard's copy after the forward
+                held = run.layer in kept
+                buffer_kept = held and setup.shard == 1
                 if not (held and direction == BWD):
                     gather = gathers.get((direction, run.layer))
                     consumer = run.first if gather is None else gather
@@ -79,15 +83,14 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
                         fetch = rw.insert_before(consumer, new(casts[_GPU if gather is None else _DP], [fetch],
                                                                run.layer, mb))
                     rw.add_dep(consumer, fetch)
-                if not (held and direction == FWD):
+                if (not held or buffer_kept) if direction == BWD else not buffer_kept:
                     rw.insert_after(run.last, new(release, [], run.layer, mb))
 
 
 def _layers_kept_for_backward(facts, setup: OffloadSetup, layers: int) -> int:
-    """DeepSpeed ZeRO-3 + offload_param on one rank: the last layers whose fetched parameters stay on
-    the GPU from forward into backward (graph/zero3_window.py). Ranks that gather shards
-    (`shard` > 1) keep whole gathered layers instead, in graph/parallel.py."""
-    if not setup.max_live or setup.shard > 1:
+    """DeepSpeed ZeRO-3 + offload_param: the last layers whose parameters stay on the GPU from forward
+    into backward, not fetched again (graph/zero3_window.py)."""
+    if not setup.max_live:
         return 0
     return layers_kept_for_backward(setup.max_live, facts.head_params, facts.layer_params, layers)
 
