@@ -132,3 +132,47 @@ def test_deepspeed_stage3_scales_host_gradients_with_or_without_clipping():
     rank = prepare(GQA, QUAD, old_so, load_calibration(QUAD.calibration))
     assert "grads.unscale.cpu" in [op.name for op in chunk_graph(GQA, old_so, rank, GQA.num_layers, (True, True),
                                                                    True).graph.ops]
+
+
+def _gathers_by_phase(model: ModelSpec, plan: Plan) -> dict[str, int]:
+    ops = build_microbatch(model, plan, Layout.of(plan, QUAD), Chunk(model.num_layers, True, True), True).graph.ops
+    out: dict[str, int] = {}
+    for op in ops:
+        if op.name == "zero3.all_gather":
+            out[op.phase] = out.get(op.phase, 0) + 1
+    return out
+
+
+def test_zero3_on_several_ranks_keeps_the_prefetch_windows_last_layers_into_backward():
+    """DeepSpeed's prefetch window (stage3_max_live_parameters) holds the LM head and the last layers
+    that fit beside it at the loss; they are not gathered again in backward (issue 14, session 6: the
+    2-GPU 3B trace gathers 28 layers in forward and 22 in backward). FSDP and one rank: unchanged."""
+    layer = GQA.layer_params * 2  # bf16
+    head = GQA.vocab_size * GQA.hidden_size
+    head_only = _gathered_at_loss(GQA, _plan(zero=3, max_live_parameters=head))
+    assert head * 2 <= head_only < head * 2 + layer  # the head (and final norm), no layer
+    for kept in (0, 2, GQA.num_layers):
+        plan = _plan(zero=3, max_live_parameters=head + (kept + 0.5) * GQA.layer_params)
+        assert abs(_gathered_at_loss(GQA, plan) - (head_only + kept * layer)) < 1, kept
+        by_phase = _gathers_by_phase(GQA, plan)
+        assert by_phase["fwd"] == GQA.num_layers and by_phase.get("bwd", 0) == GQA.num_layers - kept
+        ops = build_microbatch(GQA, plan, Layout.of(plan, QUAD), Chunk(GQA.num_layers, True, True), True).graph.ops
+        assert abs(sum((op.hbm_by_tag or {}).get("gathered_params", 0.0) for op in ops)) < 1  # all released
+    fsdp = _plan(zero=3, framework=Framework.FSDP_MIXED)
+    assert _gathers_by_phase(GQA, fsdp)["bwd"] == GQA.num_layers
+    one = _plan(zero=3, gpus=1, gpus_per_node=1)  # the gather is a view of the GPU partition
+    assert not _gathered_at_loss(GQA, one)
+
+
+def test_the_two_gpu_llama_cases_hold_six_and_two_layers_at_the_loss():
+    """Sizes from DeepSpeed's defaults and the models alone: (1e9 - head) // layer elements."""
+    from ghsim.graph.zero3_window import layers_kept_for_backward
+    llama3b = ModelSpec(name="3b", hidden_size=3072, intermediate_size=8192, num_layers=28, num_attention_heads=24,
+                        num_kv_heads=8, head_dim=128, vocab_size=128256, max_seq_len=2048, tie_embeddings=True)
+    llama8b = ModelSpec(name="8b", hidden_size=4096, intermediate_size=14336, num_layers=32, num_attention_heads=32,
+                        num_kv_heads=8, head_dim=128, vocab_size=128256, max_seq_len=2048)
+    for model, kept in ((llama3b, 6), (llama8b, 2)):
+        assert layers_kept_for_backward(1e9, model.vocab_size * model.hidden_size, model.layer_params,
+                                        model.num_layers) == kept
+        plan = _plan(zero=3, gpus=2, gpus_per_node=2, seq=2048, micro_batch=2)
+        assert _gathers_by_phase(model, plan)["bwd"] == model.num_layers - kept

@@ -47,6 +47,7 @@ from ghsim.graph.step import (
     trainable_tensor_sizes,
 )
 from ghsim.graph.dtypes import Dtypes
+from ghsim.graph.zero3_window import layers_kept_for_backward
 from ghsim.graph.layer_ops import LayerSplit
 from ghsim.hardware import Hardware, bigger_node_hint
 from ghsim.model import ModelSpec
@@ -364,6 +365,16 @@ class _MicrobatchBuilder:
             # fetches it again (partitioned_param_coordinator.py fetch_sub_module gathers every parameter of
             # the module, shared or not), released after the head's backward as an untied head is
             self.head_bytes += local.embedding_params * dt.param
+        # DeepSpeed ZeRO-3 over several ranks: the last layers stay gathered from their forward to their
+        # backward, as many as its prefetch window holds beside the LM head (graph/zero3_window.py; the
+        # 3B trace on 2 GPUs gathers 28 layers in forward, 22 in backward). On one rank nothing of this
+        # costs memory: the gather is a view of the GPU partition (partition_parameters.py
+        # all_gather_coalesced -> _no_gather_coalesced), and the builder sees zero 0 there
+        self.head_elements = local.vocab_size * local.hidden_size if chunk.last else 0.0
+        kept = (layers_kept_for_backward(plan.max_live_parameters, self.head_elements, local.layer_params,
+                                         chunk.layers) if self.zero == 3 and plan.framework == Framework.DEEPSPEED
+                else 0)
+        self.kept = frozenset(range(chunk.layers - kept, chunk.layers))
         self.prefetch_from: int | None = None  # the backward's second-last layer: the embedding is fetched after it
         T, h = plan.micro_batch * plan.seq, model.hidden_size
         self.T = T
@@ -406,6 +417,9 @@ class _MicrobatchBuilder:
             [("gathered_params", -cp.layer_bytes)]
             + ([("weight_copies", -zero3_cache)] if zero3_cache and phase == Phase.FWD else []))
             for phase in (Phase.FWD, Phase.BWD)} if self.zero == 3 else {}
+        # a kept layer's forward ends: its gathered weights stay, autocast's copies of them go
+        self.keep_op = _marker("zero3.keep", Phase.FWD).evolve(
+            [("weight_copies", -zero3_cache)] if zero3_cache else [])
 
     def tp_collective(self, name: str, kind: str, nbytes: float, phase: str) -> None:
         rg = self.rg
@@ -470,7 +484,7 @@ class _MicrobatchBuilder:
             _, last = rg.extend(self.t.fwd, layer=layer)
             layer_ends.append(last)
             if zero == 3:
-                rg.g.add(self.release_ops[FWD])
+                rg.g.add(self.keep_op if layer in self.kept else self.release_ops[FWD])
         cache_bytes = self.cache_bytes
         if self.loss_fwd:
             if self.sp:
@@ -552,10 +566,10 @@ class _MicrobatchBuilder:
         bwd_ends: list[int] = []
         bwd_ops = acc(self.t.bwd)
         for k, layer in enumerate(reversed(range(L))):
-            if zero == 3:
-                if k == 0:
+            if zero == 3:  # (a kept layer waits on its forward's gather, long done)
+                if k == 0 and layer not in self.kept:
                     self.zero3_gather(layer, None, BWD)
-                if layer - 1 >= 0:
+                if layer - 1 >= 0 and layer - 1 not in self.kept:
                     self.zero3_gather(layer - 1, bwd_ends[k - 1] if k >= 1 else None, BWD)
                 rg.wait_before(self.gathers[layer])
             _, last = rg.extend(bwd_ops, layer=layer)
@@ -621,7 +635,7 @@ class _MicrobatchBuilder:
                               saved_per_layer=offload_saved_bytes(plan, self.t.saved_per_layer, self.x_bytes),
                               gpu_param_width=dt.param, layer_params=local.layer_params, grad_width=dt.grad,
                               tensor_elements=optimizer_tensors(local, plan, dp),
-                              head_params=local.vocab_size * local.hidden_size if self.chunk.last else 0.0)
+                              head_params=self.head_elements)
             hooks = RankHooks(tuple(self.sources) if final or self.per_microbatch else (), self.gathered, final,
                               bool(self.loss_bwd))
             g, moved = apply_offload_mapped(g, local, plan, facts, widths, hooks)

@@ -12,6 +12,7 @@ from ghsim.graph.offload.ops import _gpu_adam, _marker, blocking_cast, copy_op, 
 from ghsim.graph.offload.rewrite import BWD, FWD, New
 from ghsim.graph.offload.setup import GradSource, OffloadSetup, Widths
 from ghsim.graph.ops import Op, OpGraph, Phase, Resource
+from ghsim.graph.zero3_window import layers_kept_for_backward
 from ghsim.plan import CpuOptimizer, OffloadSchedule
 
 # bound once: read per run and per gradient source below (see graph/ops.py on member reads)
@@ -67,7 +68,11 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
             casts = {s: gpu_cast(f"params.cast.{direction}", P, direction, s) for s in (_GPU, _DP)} if fsdp else {}
             layer_runs = [(k, r) for k, r in enumerate(seq) if r.layer >= 0]
             for n, (k, run) in enumerate(layer_runs):
-                held = run.layer in kept  # fetched in forward, released after backward
+                # fetched in forward, not again in backward: one rank keeps the fetched buffer itself to its
+                # backward, ranks that gather shards keep the gathered layer (graph/parallel.py) and free
+                # the shard's copy after the forward
+                held = run.layer in kept
+                buffer_kept = held and setup.shard == 1
                 if not (held and direction == BWD):
                     gather = gathers.get((direction, run.layer))
                     consumer = run.first if gather is None else gather
@@ -78,26 +83,16 @@ def _parameter_fetches(rw, by_mb, facts, setup, new, duplex_fwd, duplex_bwd, gat
                         fetch = rw.insert_before(consumer, new(casts[_GPU if gather is None else _DP], [fetch],
                                                                run.layer, mb))
                     rw.add_dep(consumer, fetch)
-                if not (held and direction == FWD):
+                if (not held or buffer_kept) if direction == BWD else not buffer_kept:
                     rw.insert_after(run.last, new(release, [], run.layer, mb))
 
 
 def _layers_kept_for_backward(facts, setup: OffloadSetup, layers: int) -> int:
-    """DeepSpeed ZeRO-3 + offload_param: how many of the last forward layers keep their fetched
-    parameters on the GPU into backward. Its prefetch (DeepSpeed 0.19.8 partitioned_param_coordinator.py
-    _fetch_sub_module_impl) runs down the recorded parameter trace until stage3_max_live_parameters
-    elements are available, passing parameters already available at no cost; once it passes the end
-    of forward it marks the backward use of every layer still held (max(...) into
-    __most_recent_step_id_param_fetched_for), and __params_to_release then keeps them. The window
-    holds the LM head and as many of the last layers as fit beside it: measured on a 2.5e8-parameter
-    Llama at three settings (_raw/zero3_live_params.json: live at the loss 1.058e8 / 1.600e8 / all,
-    layers 6-7 / 4-7 / 0-7; the trace's H2D copies of the 3B case: the last 6 of 28 layers not
-    fetched again). Not modeled: the prefetch's overshoot (up to one tensor past the bound) and
-    stage3_max_reuse_distance, which keeps no more than this with DeepSpeed's defaults on these
-    models; ranks that gather shards (`shard` > 1) hold whole gathered layers elsewhere."""
-    if not setup.max_live or setup.shard > 1 or facts.layer_params <= 0:
+    """DeepSpeed ZeRO-3 + offload_param: the last layers whose parameters stay on the GPU from forward
+    into backward, not fetched again (graph/zero3_window.py)."""
+    if not setup.max_live:
         return 0
-    return max(0, min(layers, int((setup.max_live - facts.head_params) // facts.layer_params)))
+    return layers_kept_for_backward(setup.max_live, facts.head_params, facts.layer_params, layers)
 
 
 def _bucket_count(nbytes: float, setup: OffloadSetup, link_bucket: float) -> int:
