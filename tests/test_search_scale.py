@@ -132,3 +132,25 @@ def test_time_limited_pruning_takes_every_layout_in_turn():
     layouts = {(g.base.tp, g.base.pp, g.base.ep) for g in all_groups}
     first = {(g.base.tp, g.base.pp, g.base.ep) for g in turned[:len(layouts)]}
     assert first == layouts and len(layouts) > 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_worker_forked_before_its_initializer_dies_quietly_on_sigterm():
+    """A pool worker inherits the CLI's SIGTERM handler until its initializer resets it; the parent's
+    shutdown terminating it in that window must not print the parent's message again."""
+    from ghsim.cli.plan import stop_on_sigterm
+
+    read_end, write_end = os.pipe()
+    with stop_on_sigterm():
+        pid = os.fork()
+        if pid == 0:  # the child: stderr into the pipe, then wait for the signal
+            os.dup2(write_end, 2)
+            time.sleep(30)
+            os._exit(0)
+        os.close(write_end)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+    printed = os.read(read_end, 4096)
+    os.close(read_end)
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM and printed == b""

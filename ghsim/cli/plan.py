@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import signal
 import sys
 import threading
@@ -259,7 +260,11 @@ def stop_on_sigterm():
         yield
         return
 
+    owner = os.getpid()
+
     def interrupt(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a pool worker forked before its initializer reset the handler: die quietly
+            os._exit(128 + signum)
         click.echo("ghsim: stopped by SIGTERM", err=True)
         raise SystemExit(128 + signum)
 
