@@ -1,6 +1,6 @@
 """The two-rank FSDP2 + CPUOffloadPolicy runs (issue 14) as library cases, from the one-rank cases' files.
 
-    python3 validation/harness/libraries/make_cases_fsdp2_x2.py
+    python3 validation/harness/libraries/make_cases_fsdp2_x2.py [TRACE_DIR]
 
 Raw results: validation/measured_libraries/_raw/fsdp2_x2/ (rank 0 and rank 1 JSON per case), taken
 2026-11-27 on a lent 2 x H200 machine (32 vCPUs, one socket, Intel Xeon) with
@@ -12,11 +12,11 @@ step outlived the call's time limit, so its figures come from the JSON lib_step 
 from __future__ import annotations
 
 import json
-import lzma
 import re
-import shutil
 import sys
 from pathlib import Path
+
+from make_cases import TRACE, _copy_trace
 
 LIB = Path(__file__).resolve().parents[2] / "measured_libraries"
 RAW = LIB / "_raw" / "fsdp2_x2"
@@ -77,18 +77,13 @@ def case_toml(template: str, name: str, ranks: list[dict], trace: str | None) ->
 
 
 def main() -> None:
+    trace_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else RAW
     for shape, template_case in CASES.items():
         name = f"h200x2-fsdp2-cpuoffload-{shape}"
         ranks = rank_results(name)
         folder = LIB / name
         folder.mkdir(exist_ok=True)
-        gz = Path(sys.argv[1]) / f"{name}.trace.json.gz" if len(sys.argv) > 1 else None
-        trace = None
-        if gz is not None and gz.exists():
-            import gzip
-            with gzip.open(gz, "rb") as fi, lzma.open(folder / "trace.pt.trace.json.xz", "wb", preset=6) as fo:
-                shutil.copyfileobj(fi, fo)
-            trace = "trace.pt.trace.json.xz"
+        trace = TRACE if _copy_trace(ranks[0], trace_dir, folder) else None
         template = (LIB / template_case / "case.toml").read_text()
         (folder / "case.toml").write_text(case_toml(template, name, ranks, trace))
         (folder / "result.json").write_text(json.dumps(ranks, indent=1, default=str) + "\n")
