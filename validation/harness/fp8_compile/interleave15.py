@@ -45,7 +45,7 @@ sys.path.insert(0, str(HARNESS / "fp8_compile"))
 import host15c  # noqa: E402  (tiny model, phase timing, launch counting: one definition)
 
 START = time.time()
-RECIPES = ("bf16", "tensorwise", "rowwise")
+RECIPES = host15c.RECIPES  # the same model with its linears swapped per recipe
 CASE_MODELS = (("1b", 4), ("3b", 1))
 FRESH = ["eager1b", "aotw1b", "aorw1b", "eager3b", "aotw3b", "aorw3b"]  # host15c.CASES keys
 
