@@ -29,17 +29,19 @@ import subprocess
 import sys
 import time
 
-LLAMA = {"1b": dict(h=2048, i=8192, layers=16, kv=512, vocab=128256),
-         "3b": dict(h=3072, i=8192, layers=28, kv=1024, vocab=128256)}
+from lib_step import MODELS  # noqa: E402 (this folder is the script's sys.path[0]): the cases' shapes
+
+VOCAB = 128256  # Llama-3.2's, as lib_step.build_model sets it
 TARGET_ELEMENTS = 64 << 20
 
 
 def shard_shapes(model: str, ws: int) -> list[tuple[int, ...]]:
     """One rank's local shard shapes in model.parameters() order (tied embedding, HF Llama)."""
-    c = LLAMA[model]
-    h, i, kv = c["h"], c["i"], c["kv"]
+    c = MODELS[model]
+    h, i = c["hidden_size"], c["intermediate_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
     layer = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i), (h,), (h,)]
-    full = [(c["vocab"], h)] + layer * c["layers"] + [(h,)]
+    full = [(VOCAB, h)] + layer * c["num_hidden_layers"] + [(h,)]
     return [(s[0] // ws,) + s[1:] for s in full]
 
 
