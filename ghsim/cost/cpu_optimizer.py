@@ -79,15 +79,6 @@ class CpuOptimizerCurve:
     # same step over DTensors takes beyond plain tensors
     dtensor_s_per_tensor: tuple[tuple[float, float], ...] = ()
 
-    @property
-    def elements(self) -> tuple[float, ...]:
-        """The sizes of the row at the most threads (the reference host's all-thread row)."""
-        return self.size_rows[-1].elements if self.size_rows else ()
-
-    @property
-    def rate_by_elements(self) -> tuple[float, ...]:
-        return self.size_rows[-1].rates if self.size_rows else ()
-
     def measured_rate(self, threads: int) -> float:
         """The curve at `threads`: interpolated in log2(threads); below the first point
         proportional to threads; above the last, linear in threads (the roof caps it)."""
