@@ -106,6 +106,7 @@ MODELING_CODES = ("hf", "torchtitan")  # whose model code (Plan.modeling)
 # gradients until the whole sub-group can be reduced and hands the worker its fp32 gradient on the GPU;
 # 0.19 reduces in reduce_bucket_size buckets and hands over the pinned host copy
 DEEPSPEED_VERSIONS = ("0.18", "0.19")
+DEEPSPEED_VERSION = "0.19"  # the release a plan runs unless it names one
 # zero_optimization defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size, sub_group_size
 DEEPSPEED_REDUCE_BUCKET = 5e8
 DEEPSPEED_SUB_GROUP = 1e9
@@ -169,7 +170,7 @@ class Plan:
     sub_group_size: float = DEEPSPEED_SUB_GROUP
     # ZeRO-3's stage3_max_live_parameters (elements): how far its parameter prefetch runs ahead
     max_live_parameters: float = DEEPSPEED_MAX_LIVE
-    deepspeed_version: str = "0.19"
+    deepspeed_version: str = DEEPSPEED_VERSION
 
     # --- derived sizes ----------------------------------------------------
     @property
@@ -294,7 +295,7 @@ class Plan:
             parts.append(f"--sub-group-size {self.sub_group_size:g}")
         if self.max_live_parameters != DEEPSPEED_MAX_LIVE:
             parts.append(f"--max-live-parameters {self.max_live_parameters:g}")
-        if self.deepspeed_version != "0.19":
+        if self.deepspeed_version != DEEPSPEED_VERSION:
             parts.append(f"--deepspeed-version {self.deepspeed_version}")
         if self.batch_prep_s:
             parts.append(f"--batch-prep-ms {self.batch_prep_s * 1e3:g} --dataloader-workers {self.dataloader_workers}")

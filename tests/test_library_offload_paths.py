@@ -46,22 +46,24 @@ def test_tensor_size_factor_follows_the_measured_rates(impl):
     """At the curve's own size the factor is 1; elsewhere it is the measured rate there over the
     rate at that size; DeepSpeedCPUAdam steps flat partitions whatever the model's tensors."""
     curve = curve_of(impl)
+    row = curve.size_rows[-1]  # the reference host's all-thread row, which size_factor reads by default
     assert curve.size_factor(()) == 1.0
     at_ref = curve.size_factor((int(curve.curve_elements), 10))
-    assert at_ref == pytest.approx(1.0 if impl != CpuOptimizer.DEEPSPEED else curve.rate_by_elements[-1] /
-                                   curve.rate_by_elements[curve.elements.index(curve.curve_elements)])
-    big = curve.size_factor((int(curve.elements[-1]), 3))
-    ref = curve.rate_by_elements[curve.elements.index(curve.curve_elements)]
-    assert big == pytest.approx(curve.rate_by_elements[-1] / ref)
+    assert at_ref == pytest.approx(1.0 if impl != CpuOptimizer.DEEPSPEED else row.rates[-1] /
+                                   row.rates[row.elements.index(curve.curve_elements)])
+    big = curve.size_factor((int(row.elements[-1]), 3))
+    ref = row.rates[row.elements.index(curve.curve_elements)]
+    assert big == pytest.approx(row.rates[-1] / ref)
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 10**9), st.integers(1, 100)), min_size=1, max_size=6))
 def test_tensor_size_factor_stays_within_the_measured_spread(pairs):
     curve = curve_of(CpuOptimizer.TORCH_FOREACH)
-    ref = curve.rate_by_elements[curve.elements.index(curve.curve_elements)]
+    row = curve.size_rows[-1]
+    ref = row.rates[row.elements.index(curve.curve_elements)]
     f = curve.size_factor(tuple(v for p in pairs for v in p))
-    assert min(curve.rate_by_elements) / ref - 1e-9 <= f <= max(curve.rate_by_elements) / ref + 1e-9
+    assert min(row.rates) / ref - 1e-9 <= f <= max(row.rates) / ref + 1e-9
 
 
 def test_superoffload_worker_is_priced_as_measured_on_x86_only():

@@ -11,7 +11,7 @@ import click
 
 from ghsim.errors import GhsimError
 from ghsim.graph.offload.setup import library_refusal
-from ghsim.plan import CpuOptimizer
+from ghsim.plan import DEEPSPEED_VERSION, DEEPSPEED_VERSIONS, CpuOptimizer
 from ghsim.plan_toml import HOST_FIGURES
 
 
@@ -132,8 +132,8 @@ def plan_options(f: Callable, searched: bool = False) -> Callable:
                      help="DeepSpeed's zero_optimization.stage3_max_live_parameters (default 1e9): with ZeRO-3 "
                           "offload_param the fetched parameters it holds on the GPU (the last layers' stay "
                           "from forward into backward)."),
-        click.option("--deepspeed-version", type=click.Choice(["0.18", "0.19"]), default=None,
-                     help="DeepSpeed release (default 0.19); 0.18's SuperOffload reduces whole sub-groups and "
+        click.option("--deepspeed-version", type=click.Choice(DEEPSPEED_VERSIONS), default=None,
+                     help=f"DeepSpeed release (default {DEEPSPEED_VERSION}); 0.18's SuperOffload reduces whole sub-groups and "
                           "hands its worker the fp32 gradient on the GPU."),
         click.option("--grad-clip", is_flag=True, default=None,
                      help="Clip gradients by their global norm (DeepSpeed gradient_clipping > 0): with ZeRO-Offload "

@@ -49,9 +49,8 @@ def _log2_interpolate(xs: tuple[float, ...], ys: tuple[float, ...], x: float) ->
     raise AssertionError("unreachable: x lies within ascending xs")
 
 
-def _log2_between(points: tuple[tuple[float, float], ...], x: float) -> float:
-    """The value of ascending (x, y) points at x, interpolated in log2(x), held flat beyond the ends."""
-    xs, ys = tuple(p[0] for p in points), tuple(p[1] for p in points)
+def _log2_between(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """ys at x, interpolated in log2(x) between ascending xs, held flat beyond the ends."""
     return ys[0] if x <= xs[0] else ys[-1] if x >= xs[-1] else _log2_interpolate(xs, ys, x)
 
 
@@ -63,7 +62,7 @@ class SizeRow:
     rates: tuple[float, ...]
 
     def at(self, n: float) -> float:
-        return _log2_between(tuple(zip(self.elements, self.rates)), n)
+        return _log2_between(self.elements, self.rates, n)
 
 
 @dataclass(frozen=True)
@@ -79,15 +78,6 @@ class CpuOptimizerCurve:
     # seconds of DTensor dispatch per tensor, by thread count ((threads, s) ascending): what the
     # same step over DTensors takes beyond plain tensors
     dtensor_s_per_tensor: tuple[tuple[float, float], ...] = ()
-
-    @property
-    def elements(self) -> tuple[float, ...]:
-        """The sizes of the row at the most threads (the reference host's all-thread row)."""
-        return self.size_rows[-1].elements if self.size_rows else ()
-
-    @property
-    def rate_by_elements(self) -> tuple[float, ...]:
-        return self.size_rows[-1].rates if self.size_rows else ()
 
     def measured_rate(self, threads: int) -> float:
         """The curve at `threads`: interpolated in log2(threads); below the first point
@@ -123,8 +113,9 @@ class CpuOptimizerCurve:
         def factor(row: SizeRow) -> float:
             ref = row.at(self.curve_elements)
             return params / sum(n * c * ref / row.at(n) for n, c in pairs)
-        by_threads = tuple((row.threads, factor(row)) for row in self.size_rows)
-        return _log2_between(by_threads, threads or self.size_rows[-1].threads)
+        rows = self.size_rows
+        return _log2_between(tuple(row.threads for row in rows), tuple(factor(row) for row in rows),
+                             threads or rows[-1].threads)
 
     def dispatch_seconds_per_param(self, tensors: tuple[float, ...], threads: int) -> float:
         """DTensor dispatch spread over the parameters of `tensors`: per tensor, as measured at
@@ -134,7 +125,7 @@ class CpuOptimizerCurve:
         params = sum(n * c for n, c in pairs)
         if not self.dtensor_s_per_tensor or params <= 0:
             return 0.0
-        return _log2_between(self.dtensor_s_per_tensor, max(1, threads)) * sum(c for _, c in pairs) / params
+        return _log2_between(*zip(*self.dtensor_s_per_tensor), max(1, threads)) * sum(c for _, c in pairs) / params
 
 
 @dataclass(frozen=True)
