@@ -56,6 +56,16 @@ def test_the_for_loop_temporaries_are_the_step_s_however_many_pieces_it_is_price
     assert len(adams) > 1 and {op.host_transient for op in adams} == {8 * max(adams[0].shape[::2])}
 
 
+def test_a_torch_optimizer_under_zero_offload_holds_the_whole_step_s_temporaries():
+    # DeepSpeed ZeRO-2 with a client torch optimizer (zero_force_ds_cpu_optimizer false): foreach's copy of
+    # the second moments covers the whole partition, however many pieces the step is priced in
+    plan = Plan(seq=1024, micro_batch=1, precision=Precision.BF16, framework=Framework.DEEPSPEED, zero=2,
+                offload=frozenset({"optimizer"}), cpu_optimizer=CpuOptimizer.TORCH_FOREACH)
+    adams = [op for op in simulate(SMALL, H100, plan).timeline.ops if op.name == "cpu_adamw"]
+    assert len(adams) > 1
+    assert {op.host_transient for op in adams} == {4 * sum(op.params for op in adams)}
+
+
 def test_deepspeed_zero3_casts_a_whole_sub_group_into_fresh_host_memory():
     plan = Plan(seq=1024, micro_batch=1, precision=Precision.BF16, framework=Framework.DEEPSPEED, zero=3,
                 offload=OPT)

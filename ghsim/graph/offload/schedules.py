@@ -333,7 +333,8 @@ def _zero_offload_step(rw, arrivals, setup, new, widths: Widths, last_mb: int, a
     passes = [("grads.norm.cpu", lambda p: cpu_bytes("grads.norm.cpu", p * 4, OPT, True))]
     if setup.grad_clip:
         passes.append(("grads.clip.cpu", lambda p: cpu_bytes("grads.clip.cpu", p * 8, OPT, True)))
-    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True, tensors)))
+    step_params = sum(params for _, params, _ in arrivals)  # one step over all pieces holds its temporaries
+    passes.append(("cpu_adamw", lambda p: cpu_adam("cpu_adamw", p, setup, True, tensors, step_params)))
     if widths.param_cpu_cast:
         passes.append(("params.cast_bf16.cpu", lambda p: cpu_bytes("params.cast_bf16.cpu", p * 6, OPT, True)))
     if not setup.params:
