@@ -180,12 +180,12 @@ def _latest(ends: np.ndarray, floor: float) -> float:
     return max(floor, float(ends.max())) if len(ends) else floor
 
 
-def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float) -> ChunkTimes:
+def chunk_times(final: MicrobatchRun, middle: MicrobatchRun, send_s: float, send_blocks: bool = False) -> ChunkTimes:
     f, m = final.times, middle.times
     return ChunkTimes(
         fwd_s=m["t_fwd"], bwd_s=m["t_bwd"] - m["t_fwd"], bwd_comm_s=max(0.0, m["t_dp"] - m["t_bwd"]),
         final_fwd_s=f["t_fwd"], final_bwd_s=f["t_bwd"] - f["t_fwd"], final_comm_s=max(0.0, f["t_dp"] - f["t_bwd"]),
-        send_s=send_s,
+        send_s=send_s, send_blocks=send_blocks,
     )
 
 
@@ -342,7 +342,7 @@ def pipeline_inputs(model: ModelSpec, plan: Plan, rank: PlanBuild, runs: Runs
     layout, kind_of = rank.layout, chunk_kinds(rank.layout, model.num_layers)
     send_s = send_time(model, plan, rank)
     blocks = plan.framework == Framework.MEGATRON_LEGACY  # its p2p waits for each send (ChunkTimes.send_blocks)
-    chunks = [replace(chunk_times(*runs[k], send_s), send_blocks=blocks) for k in kind_of]
+    chunks = [chunk_times(*runs[k], send_s, blocks) for k in kind_of]
     tails = []
     for d in range(layout.pp):
         mine = [runs[kind_of[c * layout.pp + d]][0] for c in range(layout.interleave)]

@@ -177,9 +177,6 @@ FLAG_TO_FIELD = {
 }
 
 
-HOST_KEYS = HOST_FIGURES  # the host the user says they have: flag/plan-file key -> the profile figure it states
-
-
 def load_hardware_for(name: str, kw: dict[str, Any]):
     """The hardware profile `name` with the host the user says they have (--host-cores, --host-memory-gb;
     else what a --plan file records)."""
@@ -187,7 +184,7 @@ def load_hardware_for(name: str, kw: dict[str, Any]):
 
     recorded = _plan_file(kw)
     overrides = {}
-    for key, figure in HOST_KEYS.items():
+    for key, figure in HOST_FIGURES.items():
         flag = "--" + key.replace("_", "-")
         value = kw.get(key) if kw.get(key) is not None else recorded.get(key)
         if value is None:
@@ -204,7 +201,7 @@ def load_hardware_for(name: str, kw: dict[str, Any]):
     return load_hardware(name, overrides or None)
 
 
-TARGET_KEYS = ("model", "hardware", *HOST_KEYS)  # what a saved plan.toml records beside the plan's own fields
+TARGET_KEYS = ("model", "hardware", *HOST_FIGURES)  # what a saved plan.toml records beside the plan's own fields
 DEFAULT_HARDWARE = "gh200-96gb"
 
 

@@ -485,7 +485,10 @@ class _Runner:
         return [x for chunk in results for x in chunk]
 
 
-PREFETCH_CHUNK = 16  # class bounds per job sent ahead to a worker (each a few milliseconds)
+# class bounds per job sent ahead to a worker: a choice, not tuned. One bound takes about 1 ms (median
+# 1.0 ms over the 476 classes of exhaustive llama-70b on 8 x h100-sxm, 2-core machine, 2026-11-27), so a
+# job of 16 is ~16 ms of work against its 2.3 KB of pickled plans
+PREFETCH_CHUNK = 16
 
 
 def default_jobs() -> int:
