@@ -186,7 +186,8 @@ def load_hardware_for(name: str, kw: dict[str, Any]):
     overrides = {}
     for key, figure in HOST_FIGURES.items():
         flag = "--" + key.replace("_", "-")
-        value = kw.get(key) if kw.get(key) is not None else recorded.get(key)
+        from_flag = kw.get(key) is not None
+        value = kw[key] if from_flag else recorded.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -197,7 +198,8 @@ def load_hardware_for(name: str, kw: dict[str, Any]):
             raise GhsimError(f"{flag} must be a whole number, got {value:g}")
         if value <= 0:
             raise GhsimError(f"{flag} must be positive, got {value:g}")
-        overrides[figure] = {"value": value, "source": f"stated by the user ({flag})"}
+        said = flag if from_flag else f"{key} in {kw['plan_file']}"
+        overrides[figure] = {"value": value, "source": f"stated by the user ({said})"}
     return load_hardware(name, overrides or None)
 
 
